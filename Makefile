@@ -1,0 +1,62 @@
+# vramguard — the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python
+export PYTHONPATH := $(CURDIR)/api:$(CURDIR)/operator:$(CURDIR)/agent
+
+.PHONY: help venv test test-unit test-e2e generate verify lint typecheck cluster cluster-down demo bench clean
+
+help:
+	@echo "make demo      run the whole system on a local cluster (builds it on first use)"
+	@echo "make test      unit + end-to-end tests (builds the local cluster on first use)"
+	@echo "make verify    generated files, lint and types"
+	@echo "make cluster   start the local cluster; make cluster-down removes it"
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	hack/cluster/build.sh
+	$(PYTHON) -m pytest -m "not benchmark" tests
+
+test-unit: venv
+	$(PYTHON) -m pytest -m "not e2e and not benchmark" tests
+
+test-e2e: venv
+	hack/cluster/build.sh
+	$(PYTHON) -m pytest -m e2e tests
+
+generate: venv
+	$(PYTHON) -m vramguard_api.crdgen crds
+
+verify: venv lint typecheck
+	$(PYTHON) -m vramguard_api.crdgen --check crds
+
+lint: venv
+	$(BIN)/ruff check api operator agent tests hack
+
+typecheck: venv
+	$(BIN)/mypy
+
+cluster: venv
+	hack/cluster/build.sh
+	hack/cluster/up.sh
+
+cluster-down:
+	hack/cluster/down.sh
+
+demo: cluster
+	$(PYTHON) -m vramguard_operator.demo
+
+bench: venv
+	$(PYTHON) -m pytest -m benchmark -s tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,287 @@
+"""GPUMemoryBudget: a namespaced budget for the VRAM and RAM of a set of pods."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from . import API_VERSION
+from .limits import DeviceLimit, MemoryLimit, le_rule
+from .meta import APIModel, Condition, LabelSelector, ObjectMeta
+from .units import Duration, Quantity, parse_duration, quantity_to_bytes
+
+Action = Literal["Annotate", "Throttle", "Evict"]
+ACTIONS: tuple[Action, ...] = ("Annotate", "Throttle", "Evict")
+Mode = Literal["Enforce", "DryRun"]
+ViolationKind = Literal["PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak"]
+
+DEFAULT_THROTTLE_CPU = "100m"
+DEFAULT_WARNING_THRESHOLD = 0.85
+
+_STEPS_INCREASING = (
+    "self.all(a, self.all(b, "
+    "['Annotate', 'Throttle', 'Evict'].indexOf(a.action) >= ['Annotate', 'Throttle', 'Evict'].indexOf(b.action)"
+    " || duration(a.after) < duration(b.after)))"
+)
+
+
+class Limits(APIModel):
+    """The limits of a budget; at least one must be set."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.perPod) || has(self.perDevice) || has(self.total)",
+                    "message": "at least one of perPod, perDevice or total must be set",
+                },
+                le_rule("perPod.vram", "total.vram", "perPod.vram must not be above total.vram"),
+                le_rule("perPod.ram", "total.ram", "perPod.ram must not be above total.ram"),
+                le_rule("perDevice.vram", "perPod.vram", "perDevice.vram must not be above perPod.vram"),
+            ]
+        }
+    )
+
+    per_pod: MemoryLimit | None = Field(
+        default=None, alias="perPod", description="Limits for each selected pod: VRAM summed over its devices, RAM working set."
+    )
+    per_device: DeviceLimit | None = Field(
+        default=None,
+        alias="perDevice",
+        description="Limit on the VRAM each selected pod holds on any single device (GPU or MIG device).",
+    )
+    total: MemoryLimit | None = Field(
+        default=None, description="Limits on the sum over all selected pods (for example all workers of one job)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Limits:
+        if self.per_pod is None and self.per_device is None and self.total is None:
+            raise ValueError("at least one of perPod, perDevice or total must be set")
+        for kind in ("vram", "ram"):
+            pod = getattr(self.per_pod, kind, None)
+            tot = getattr(self.total, kind, None)
+            if pod is not None and tot is not None and quantity_to_bytes(pod) > quantity_to_bytes(tot):
+                raise ValueError(f"perPod.{kind} ({pod}) must not be above total.{kind} ({tot})")
+        dev = self.per_device.vram if self.per_device else None
+        pod_vram = self.per_pod.vram if self.per_pod else None
+        if dev is not None and pod_vram is not None and quantity_to_bytes(dev) > quantity_to_bytes(pod_vram):
+            raise ValueError(f"perDevice.vram ({dev}) must not be above perPod.vram ({pod_vram})")
+        return self
+
+
+class Tolerance(APIModel):
+    """How much and how long usage may exceed a limit before a violation opens.
+
+    Usage above ``limit × (1 + overshootPercent/100)`` opens a violation at once;
+    usage above the limit but within the overshoot opens one only after it has
+    lasted ``duration``.
+    """
+
+    overshoot_percent: int = Field(
+        default=0,
+        alias="overshootPercent",
+        ge=0,
+        le=100,
+        description="Percentage above a limit that is tolerated for up to duration; above it a violation opens at once.",
+    )
+    duration: Duration = Field(
+        default="0s", description="How long usage may stay above a limit (within the overshoot) before a violation opens."
+    )
+
+    def seconds(self) -> float:
+        """The tolerated duration in seconds."""
+        return parse_duration(self.duration, "tolerance.duration")
+
+
+class EscalationStep(APIModel):
+    """One step of the escalation ladder; it fires once per violation, when the
+    violation has lasted ``after``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.cpuLimit) || self.action == 'Throttle'",
+                    "message": "cpuLimit is only valid on a Throttle step",
+                    "fieldPath": ".cpuLimit",
+                }
+            ]
+        }
+    )
+
+    action: Action = Field(
+        description="Annotate: pod annotations and Warning Events. Throttle: lower the pod's CPU limit "
+        "through the pods/resize subresource. Evict: the Eviction API (PodDisruptionBudgets respected)."
+    )
+    after: Duration = Field(default="0s", description="How long the violation must have lasted before this step fires.")
+    cpu_limit: Quantity | None = Field(
+        default=None,
+        alias="cpuLimit",
+        description=f"Throttle only: the CPU limit set on each container while throttled (default {DEFAULT_THROTTLE_CPU}).",
+    )
+
+    def after_seconds(self) -> float:
+        """The step's delay in seconds."""
+        return parse_duration(self.after, "escalation.after")
+
+
+def _default_ladder() -> list[EscalationStep]:
+    return [EscalationStep(action="Annotate", after="0s")]
+
+
+class Enforcement(APIModel):
+    """What happens when a limit is violated."""
+
+    mode: Mode = Field(
+        default="Enforce",
+        description="Enforce: run the escalation ladder. DryRun: change nothing but status, Events and metrics.",
+    )
+    escalation: list[EscalationStep] = Field(
+        default_factory=_default_ladder,
+        min_length=1,
+        max_length=3,
+        description="The escalation ladder, at most one step per action, in the order Annotate, Throttle, Evict, "
+        "with strictly increasing delays. Default: Annotate at once.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["action"],
+            "x-kubernetes-validations": [
+                {"rule": _STEPS_INCREASING, "message": "escalation delays must increase along Annotate, Throttle, Evict"}
+            ],
+        },
+    )
+
+    @model_validator(mode="after")
+    def _ladder(self) -> Enforcement:
+        actions = [s.action for s in self.escalation]
+        if len(set(actions)) != len(actions):
+            raise ValueError(f"escalation: duplicate action in {actions}")
+        ordered = sorted(self.escalation, key=lambda s: ACTIONS.index(s.action))
+        delays = [s.after_seconds() for s in ordered]
+        if any(b <= a for a, b in zip(delays, delays[1:], strict=False)):
+            raise ValueError("escalation delays must increase along Annotate, Throttle, Evict")
+        self.escalation = ordered
+        return self
+
+
+class LeakDetection(APIModel):
+    """Leak detection on each selected pod's VRAM trend."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.evictBefore) || self.enabled",
+                    "message": "evictBefore requires enabled: true",
+                    "fieldPath": ".evictBefore",
+                }
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=False, description="Whether a detected leak opens a Leak violation.")
+    min_growth_per_hour: Quantity = Field(
+        default="200Mi",
+        alias="minGrowthPerHour",
+        description="Smallest sustained VRAM growth, per hour, that counts as a leak.",
+    )
+    min_window: Duration = Field(
+        default="30m", alias="minWindow", description="Shortest observation window before a leak can be declared."
+    )
+    evict_before: Duration | None = Field(
+        default=None,
+        alias="evictBefore",
+        description="Evict a leaking pod this long before its projected exhaustion of the limit, "
+        "so that a replacement starts before the OOM takes neighbours down.",
+    )
+
+
+class GPUMemoryBudgetSpec(APIModel):
+    """The desired budget: which pods, which limits, and what happens on a violation."""
+
+    selector: LabelSelector = Field(
+        description="Label selector over pods in the budget's namespace; an empty selector selects every pod."
+    )
+    limits: Limits = Field(description="VRAM and RAM limits per pod, per device and in total.")
+    tolerance: Tolerance = Field(default_factory=Tolerance, description="Tolerated overshoot and its duration.")
+    warning_threshold: float = Field(
+        default=DEFAULT_WARNING_THRESHOLD,
+        alias="warningThreshold",
+        description="Fraction of a limit, in (0, 1], above which a Warning condition and Event are raised before any violation.",
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self > 0.0 && self <= 1.0", "message": "warningThreshold must be in (0, 1]"}]
+        },
+    )
+    leak_detection: LeakDetection | None = Field(
+        default=None, alias="leakDetection", description="Leak detection settings; off unless enabled."
+    )
+    enforcement: Enforcement = Field(default_factory=Enforcement, description="Mode and escalation ladder.")
+
+    @model_validator(mode="after")
+    def _threshold(self) -> GPUMemoryBudgetSpec:
+        if not 0 < self.warning_threshold <= 1:
+            raise ValueError(f"warningThreshold: {self.warning_threshold} must be in (0, 1]")
+        return self
+
+
+class Violation(APIModel):
+    """An open violation and how far it has escalated."""
+
+    kind: ViolationKind = Field(description="Which limit: PodVRAM, PodRAM, DeviceVRAM, TotalVRAM, TotalRAM or Leak.")
+    pod: str | None = Field(default=None, description="Name of the pod; empty for a total over all selected pods.")
+    device: str | None = Field(default=None, description="UUID of the device, for a DeviceVRAM violation.")
+    observed_bytes: int = Field(alias="observedBytes", ge=0, description="Measured usage in bytes.")
+    limit_bytes: int = Field(alias="limitBytes", ge=0, description="The effective limit in bytes.")
+    since: datetime = Field(description="When the usage first went above the limit.")
+    opened_at: datetime | None = Field(
+        default=None, alias="openedAt", description="When the violation opened (after the tolerance)."
+    )
+    step: Action | None = Field(default=None, description="The last escalation step that fired.")
+    step_time: datetime | None = Field(default=None, alias="stepTime", description="When that step fired.")
+    next_step: Action | None = Field(default=None, alias="nextStep", description="The next step, if any.")
+    next_step_time: datetime | None = Field(default=None, alias="nextStepTime", description="When the next step is due.")
+    message: str = Field(default="", max_length=1024, description="Human-readable explanation.")
+
+
+class BudgetUsage(APIModel):
+    """Measured usage of the selected pods."""
+
+    vram_bytes: int | None = Field(default=None, alias="vramBytes", ge=0, description="VRAM of all selected pods, bytes.")
+    ram_bytes: int | None = Field(default=None, alias="ramBytes", ge=0, description="RAM working set of all selected pods, bytes.")
+    vram: str | None = Field(default=None, description="VRAM used / limit, for display (e.g. 41Gi/60Gi).")
+    ram: str | None = Field(default=None, description="RAM used / limit, for display.")
+
+
+class GPUMemoryBudgetStatus(APIModel):
+    """The observed state of a budget."""
+
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration", description="The generation of the spec that this status reflects."
+    )
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="Ready, Violating, Warning and DataStale conditions.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    effective_mode: Mode | None = Field(
+        default=None, alias="effectiveMode", description="The mode in force after cluster policy (DryRun overrides Enforce)."
+    )
+    matched_pods: int | None = Field(default=None, alias="matchedPods", ge=0, description="Number of selected pods.")
+    usage: BudgetUsage | None = Field(default=None, description="Measured usage of the selected pods.")
+    open_violations: int | None = Field(default=None, alias="openViolations", ge=0, description="Number of open violations.")
+    violations: list[Violation] | None = Field(
+        default=None, max_length=256, description="Open violations, with the escalation step reached."
+    )
+
+
+class GPUMemoryBudget(APIModel):
+    """A namespaced budget for the VRAM and RAM of the pods its selector matches."""
+
+    api_version: Literal["vramguard.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["GPUMemoryBudget"] = "GPUMemoryBudget"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: GPUMemoryBudgetSpec
+    status: GPUMemoryBudgetStatus | None = None

@@ -1,0 +1,88 @@
+"""Core Kubernetes API shapes reused by vramguard's resources: LabelSelector
+(meta/v1), Condition (metav1.Condition) and a minimal ObjectMeta."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class APIModel(BaseModel):
+    """Base of every API model: camelCase field names as in the Kubernetes API,
+    unknown fields rejected (the API server prunes them; we fail loudly)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=False)
+
+    def to_api(self) -> dict[str, Any]:
+        """Return the JSON-compatible dict the API server expects (aliases, no None)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class LabelSelectorRequirement(APIModel):
+    """A label selector requirement (meta/v1 LabelSelectorRequirement)."""
+
+    key: str = Field(max_length=317, description="The label key that the selector applies to.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="The key's relationship to the values: In, NotIn, Exists or DoesNotExist."
+    )
+    values: list[str] | None = Field(
+        default=None,
+        max_length=256,
+        description="Values for In and NotIn (non-empty); must be empty for Exists and DoesNotExist.",
+    )
+
+
+class LabelSelector(APIModel):
+    """A label query over pods (meta/v1 LabelSelector). The requirements are ANDed;
+    an empty selector matches every pod in the namespace."""
+
+    match_labels: dict[str, str] | None = Field(
+        default=None,
+        alias="matchLabels",
+        description="A map of {key: value} pairs; each is equivalent to an In requirement with one value.",
+    )
+    match_expressions: list[LabelSelectorRequirement] | None = Field(
+        default=None,
+        alias="matchExpressions",
+        max_length=32,
+        description="A list of label selector requirements, ANDed.",
+    )
+
+
+class Condition(APIModel):
+    """One aspect of an object's state (metav1.Condition)."""
+
+    type: str = Field(max_length=316, description="Type of condition in CamelCase, e.g. Ready, Violating, DataStale.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Status of the condition: True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None,
+        alias="observedGeneration",
+        ge=0,
+        description="The .metadata.generation that the condition was set from.",
+    )
+    last_transition_time: datetime = Field(
+        alias="lastTransitionTime",
+        description="When the condition last changed from one status to another (RFC 3339).",
+    )
+    reason: str = Field(
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="A programmatic identifier for the condition's last transition, in CamelCase.",
+    )
+    message: str = Field(default="", max_length=32768, description="A human readable message about the transition.")
+
+
+class ObjectMeta(APIModel):
+    """The subset of ObjectMeta that vramguard reads; other fields are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = Field(default=None, alias="resourceVersion")
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None

@@ -1,0 +1,98 @@
+"""GPUMemoryPolicy: a cluster-scoped policy for the GPU pods in a set of namespaces."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from .budget import Mode
+from .limits import DeviceLimit, MemoryLimit
+from .meta import APIModel, Condition, LabelSelector, ObjectMeta
+
+
+class PolicyDefaults(APIModel):
+    """Limits applied to GPU pods that no GPUMemoryBudget selects."""
+
+    per_pod: MemoryLimit | None = Field(default=None, alias="perPod", description="Default per-pod VRAM/RAM limits.")
+    per_device: DeviceLimit | None = Field(
+        default=None,
+        alias="perDevice",
+        description="Default per-device VRAM limit; when unset and shareFromNode is true, the node's share is used.",
+    )
+    share_from_node: bool = Field(
+        default=True,
+        alias="shareFromNode",
+        description="Derive a per-device share from the node: usable memory / replicas on time-sliced or MPS GPUs, "
+        "the MIG profile's memory on MIG devices.",
+    )
+
+
+class PolicyCeilings(APIModel):
+    """Ceilings that budgets in the policy's namespaces may not exceed."""
+
+    per_pod: MemoryLimit | None = Field(default=None, alias="perPod", description="Highest per-pod limits a budget may set.")
+    per_device: DeviceLimit | None = Field(
+        default=None, alias="perDevice", description="Highest per-device limit a budget may set."
+    )
+    total: MemoryLimit | None = Field(default=None, description="Highest total limits a budget may set.")
+
+
+class EvictionRateLimit(APIModel):
+    """Token-bucket rate limit on evictions made under this policy."""
+
+    per_minute: int = Field(default=2, alias="perMinute", ge=0, le=600, description="Evictions allowed per minute.")
+    burst: int = Field(default=2, ge=1, le=100, description="Evictions allowed at once before the rate applies.")
+
+
+class GPUMemoryPolicySpec(APIModel):
+    """The platform team's rules for GPU pods in a set of namespaces."""
+
+    namespace_selector: LabelSelector | None = Field(
+        default=None,
+        alias="namespaceSelector",
+        description="Namespaces the policy applies to, by label; unset means every namespace.",
+    )
+    exempt_namespaces: list[str] = Field(
+        default_factory=lambda: ["kube-system"],
+        alias="exemptNamespaces",
+        max_length=256,
+        description="Namespaces where vramguard never acts (no annotation, throttle or eviction).",
+        json_schema_extra={"x-kubernetes-list-type": "set", "items": {"maxLength": 63}},
+    )
+    mode: Mode = Field(
+        default="Enforce", description="Cluster-wide mode: DryRun overrides every budget's Enforce in these namespaces."
+    )
+    defaults: PolicyDefaults | None = Field(default=None, description="Limits for GPU pods that no budget selects.")
+    ceilings: PolicyCeilings | None = Field(default=None, description="Ceilings for budgets in these namespaces.")
+    eviction_rate_limit: EvictionRateLimit = Field(
+        default_factory=EvictionRateLimit, alias="evictionRateLimit", description="Rate limit on evictions."
+    )
+    inject_framework_caps: bool = Field(
+        default=False,
+        alias="injectFrameworkCaps",
+        description="Opt in to the mutating webhook that injects framework memory caps into GPU pods.",
+    )
+
+
+class GPUMemoryPolicyStatus(APIModel):
+    """The observed state of a policy."""
+
+    observed_generation: int | None = Field(default=None, alias="observedGeneration", description="Generation observed.")
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="Ready condition.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+class GPUMemoryPolicy(APIModel):
+    """A cluster-scoped policy: defaults, ceilings, exemptions, mode and eviction rate limits."""
+
+    model_config = ConfigDict(title="GPUMemoryPolicy")
+
+    api_version: Literal["vramguard.io/v1alpha1"] = Field(default="vramguard.io/v1alpha1", alias="apiVersion")
+    kind: Literal["GPUMemoryPolicy"] = "GPUMemoryPolicy"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: GPUMemoryPolicySpec = Field(default_factory=GPUMemoryPolicySpec)
+    status: GPUMemoryPolicyStatus | None = None

@@ -1,0 +1,159 @@
+"""NodeGPUUsage: one node's measured GPU and host memory, written only by that node's agent.
+
+All memory figures are integers in bytes. A figure that could not be measured
+is absent (None), never zero: unknown is not zero.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from .meta import APIModel, Condition, ObjectMeta
+from .trend import TrendFeatures
+
+VirtualizationMode = Literal["None", "Passthrough", "VGPU", "HostVGPU", "HostVSGA"]
+Attribution = Literal["Measured", "Unknown"]
+DeviceHealth = Literal["Healthy", "Lost", "Error"]
+
+MAX_PODS = 256
+MAX_UNATTRIBUTED = 64
+MAX_DEVICES = 64
+
+
+class DeviceMemory(APIModel):
+    """A device's framebuffer memory as NVML reports it (nvmlMemory_v2).
+
+    ``usableBytes = totalBytes - reservedBytes``. Whether ``usedBytes`` includes
+    ``reservedBytes`` differs between driver generations, so both are stored as read.
+    """
+
+    total_bytes: int = Field(alias="totalBytes", ge=0, description="Total framebuffer memory, bytes.")
+    reserved_bytes: int | None = Field(
+        default=None, alias="reservedBytes", ge=0, description="Memory reserved by the driver, firmware or hypervisor, bytes."
+    )
+    used_bytes: int | None = Field(default=None, alias="usedBytes", ge=0, description="Used memory as NVML reports it, bytes.")
+    free_bytes: int | None = Field(default=None, alias="freeBytes", ge=0, description="Free memory, bytes.")
+    usable_bytes: int = Field(alias="usableBytes", ge=0, description="Usable memory: total minus reserved, bytes.")
+
+
+class GPUDevice(APIModel):
+    """One GPU or MIG device on the node."""
+
+    uuid: str = Field(max_length=128, description="NVML UUID (GPU-... or MIG-...).")
+    index: int = Field(ge=0, description="NVML index of the GPU (of the parent GPU for a MIG device).")
+    model_name: str | None = Field(default=None, alias="modelName", max_length=128, description="Product name, e.g. NVIDIA H100 80GB HBM3.")
+    parent_uuid: str | None = Field(default=None, alias="parentUUID", max_length=128, description="For a MIG device: its parent GPU's UUID.")
+    mig_profile: str | None = Field(default=None, alias="migProfile", max_length=32, description="For a MIG device: its profile, e.g. 1g.5gb.")
+    gpu_instance_id: int | None = Field(default=None, alias="gpuInstanceId", ge=0, description="For a MIG device: GPU instance id.")
+    compute_instance_id: int | None = Field(
+        default=None, alias="computeInstanceId", ge=0, description="For a MIG device: compute instance id."
+    )
+    mig_enabled: bool = Field(default=False, alias="migEnabled", description="For a GPU: whether MIG mode is enabled.")
+    virtualization_mode: VirtualizationMode = Field(
+        default="None", alias="virtualizationMode", description="NVML virtualization mode: None, Passthrough, VGPU (guest), HostVGPU, HostVSGA."
+    )
+    memory: DeviceMemory | None = Field(default=None, description="Framebuffer memory; absent when it could not be read.")
+    process_bytes: int | None = Field(
+        default=None, alias="processBytes", ge=0, description="Sum of the known per-process usage on this device, bytes."
+    )
+    processes_complete: bool = Field(
+        default=True,
+        alias="processesComplete",
+        description="False when per-process usage is unknown or missing (the process sum is far below used minus reserved).",
+    )
+    health: DeviceHealth = Field(default="Healthy", description="Healthy, Lost (fell off the bus) or Error.")
+    error: str | None = Field(default=None, max_length=1024, description="The NVML error when health is not Healthy.")
+
+
+class DeviceUsage(APIModel):
+    """A pod's or container's VRAM on one device."""
+
+    uuid: str = Field(max_length=128, description="Device UUID.")
+    used_bytes: int | None = Field(default=None, alias="usedBytes", ge=0, description="VRAM used on the device, bytes; absent when unknown.")
+
+
+class ContainerUsage(APIModel):
+    """One container's usage."""
+
+    name: str | None = Field(default=None, max_length=253, description="Container name, from the API.")
+    container_id: str = Field(alias="containerID", max_length=128, description="Runtime container id (64 hex).")
+    vram_bytes: int | None = Field(default=None, alias="vramBytes", ge=0, description="VRAM over all devices, bytes.")
+    ram_working_set_bytes: int | None = Field(
+        default=None, alias="ramWorkingSetBytes", ge=0, description="RAM working set (usage minus inactive file), bytes."
+    )
+    oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills counted by the cgroup.")
+
+
+class PodUsage(APIModel):
+    """One pod's usage on the node."""
+
+    uid: str = Field(max_length=64, description="Pod UID (or a static pod's config hash).")
+    namespace: str | None = Field(default=None, max_length=63, description="Pod namespace, from the API.")
+    name: str | None = Field(default=None, max_length=253, description="Pod name, from the API.")
+    qos_class: str | None = Field(default=None, alias="qosClass", max_length=16, description="guaranteed, burstable or besteffort.")
+    attribution: Attribution = Field(
+        default="Measured", description="Measured, or Unknown when NVML could not report per-process memory."
+    )
+    vram_bytes: int | None = Field(default=None, alias="vramBytes", ge=0, description="VRAM over all devices, bytes; absent when unknown.")
+    ram_working_set_bytes: int | None = Field(
+        default=None, alias="ramWorkingSetBytes", ge=0, description="RAM working set of the pod, bytes."
+    )
+    oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills in the pod's cgroups.")
+    devices: list[DeviceUsage] = Field(default_factory=list, max_length=MAX_DEVICES, description="VRAM per device.")
+    containers: list[ContainerUsage] = Field(default_factory=list, max_length=64, description="Usage per container.")
+    trend: TrendFeatures | None = Field(default=None, description="VRAM trend features for leak detection.")
+
+
+class UnattributedProcess(APIModel):
+    """A GPU process that belongs to no pod, with the reason."""
+
+    pid: int = Field(ge=0, description="Host PID.")
+    device: str = Field(max_length=128, description="Device UUID.")
+    used_bytes: int | None = Field(default=None, alias="usedBytes", ge=0, description="VRAM used, bytes; absent when unknown.")
+    reason: str = Field(max_length=256, description="Why the process could not be attributed to a pod.")
+
+
+class AgentInfo(APIModel):
+    """The agent that wrote the report."""
+
+    version: str = Field(max_length=64, description="Agent version.")
+    backend: Literal["nvml", "sim"] = Field(description="GPU backend: nvml or sim (simulated).")
+    sample_interval_seconds: float = Field(alias="sampleIntervalSeconds", gt=0, description="Sampling interval, seconds.")
+    driver_version: str | None = Field(default=None, alias="driverVersion", max_length=64, description="NVIDIA driver version.")
+
+
+class NodeGPUUsageSpec(APIModel):
+    """Identifies the node; the report itself is in status."""
+
+    node_name: str = Field(alias="nodeName", max_length=253, description="The node this report describes.")
+
+
+class NodeGPUUsageStatus(APIModel):
+    """One sample of the node's devices and pods."""
+
+    sample_time: datetime = Field(alias="sampleTime", description="When the sample was taken (RFC 3339).")
+    agent: AgentInfo | None = Field(default=None, description="The agent that wrote it.")
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="AgentHealthy and ProcessesMissing conditions.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    devices: list[GPUDevice] = Field(default_factory=list, max_length=MAX_DEVICES, description="GPUs and MIG devices.")
+    pods: list[PodUsage] = Field(default_factory=list, max_length=MAX_PODS, description="Usage per pod.")
+    unattributed: list[UnattributedProcess] = Field(
+        default_factory=list, max_length=MAX_UNATTRIBUTED, description="GPU processes in no pod."
+    )
+    truncated: bool = Field(default=False, description="True when lists were cut to their size bounds.")
+
+
+class NodeGPUUsage(APIModel):
+    """The measured GPU and host memory of one node, named after the node."""
+
+    api_version: Literal["vramguard.io/v1alpha1"] = Field(default="vramguard.io/v1alpha1", alias="apiVersion")
+    kind: Literal["NodeGPUUsage"] = "NodeGPUUsage"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: NodeGPUUsageSpec
+    status: NodeGPUUsageStatus | None = None

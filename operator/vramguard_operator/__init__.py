@@ -1,0 +1,2 @@
+"""The vramguard operator: kopf handlers, the pure policy engine, actions,
+webhooks and the ``vramguard`` command."""

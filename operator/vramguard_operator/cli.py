@@ -1,0 +1,46 @@
+"""The ``vramguard`` command: ``operator``, ``analyze``, ``replay``, ``top``.
+
+Each subcommand lives in its own module, imported only when it runs, so that
+``vramguard analyze`` needs neither kopf nor a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, help); each module defines add_arguments(parser) and run(args) -> int
+SUBCOMMANDS = {
+    "operator": ("vramguard_operator.run_operator", "run the operator (kopf) with its webhooks"),
+    "analyze": ("vramguard_operator.analyze_cmd", "say whether a VRAM log shows a leak"),
+    "replay": ("vramguard_operator.replay_cmd", "replay recorded usage against a budget offline"),
+    "top": ("vramguard_operator.top_cmd", "show pods, their usage and their budgets"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser with every subcommand whose module is present."""
+    parser = argparse.ArgumentParser(prog="vramguard", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``vramguard``; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args._run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

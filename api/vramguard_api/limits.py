@@ -7,8 +7,6 @@ from pydantic import ConfigDict, Field, model_validator
 from .meta import APIModel
 from .units import Quantity, quantity_to_bytes
 
-# CEL snippets: quantities compare through Kubernetes' CEL quantity library.
-_LE = "!has(self.{a}) || !has(self.{b}) || quantity(self.{a}).compareTo(quantity(self.{b})) <= 0"
 
 
 class MemoryLimit(APIModel):
@@ -92,6 +90,16 @@ class DeviceLimit(APIModel):
         return int(usable_bytes * self.fraction)
 
 
+def _has(path: str) -> str:
+    """CEL presence test for a dotted path: has(self.a) && has(self.a.b)."""
+    parts = path.split(".")
+    return " && ".join(f"has(self.{'.'.join(parts[: i + 1])})" for i in range(len(parts)))
+
+
 def le_rule(a: str, b: str, message: str) -> dict[str, str]:
-    """A CEL rule saying quantity field path ``a`` is at most ``b`` when both are set."""
-    return {"rule": _LE.format(a=a, b=b), "message": message}
+    """A CEL rule saying quantity field path ``a`` is at most ``b`` when both are set.
+
+    Quantities compare through Kubernetes' CEL quantity library (``quantity(x).compareTo``).
+    """
+    rule = f"!({_has(a)} && {_has(b)}) || quantity(self.{a}).compareTo(quantity(self.{b})) <= 0"
+    return {"rule": rule, "message": message}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -53,12 +53,12 @@ class GPUMemoryPolicySpec(APIModel):
         alias="namespaceSelector",
         description="Namespaces the policy applies to, by label; unset means every namespace.",
     )
-    exempt_namespaces: list[str] = Field(
+    exempt_namespaces: list[Annotated[str, Field(max_length=63)]] = Field(
         default_factory=lambda: ["kube-system"],
         alias="exemptNamespaces",
         max_length=256,
         description="Namespaces where vramguard never acts (no annotation, throttle or eviction).",
-        json_schema_extra={"x-kubernetes-list-type": "set", "items": {"maxLength": 63}},
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     mode: Mode = Field(
         default="Enforce", description="Cluster-wide mode: DryRun overrides every budget's Enforce in these namespaces."

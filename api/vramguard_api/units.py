@@ -86,14 +86,14 @@ def _check_duration(value: str) -> str:
 
 Quantity = Annotated[
     str,
-    AfterValidator(_check_quantity),
     Field(pattern=QUANTITY_PATTERN, max_length=64),
+    AfterValidator(_check_quantity),
 ]
 """A non-negative Kubernetes quantity string such as ``40Gi``."""
 
 Duration = Annotated[
     str,
-    AfterValidator(_check_duration),
     Field(pattern=DURATION_PATTERN, max_length=64),
+    AfterValidator(_check_duration),
 ]
 """A Go-style duration string such as ``30s`` or ``10m``."""

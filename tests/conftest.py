@@ -1,0 +1,17 @@
+"""Test-suite wide settings: tests under tests/e2e carry the e2e marker, and
+tests under tests/bench the benchmark marker, without each file saying so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        if "e2e" in parts:
+            item.add_marker(pytest.mark.e2e)
+        if "bench" in parts:
+            item.add_marker(pytest.mark.benchmark)

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.policy import GPUMemoryPolicy
+
+ROOT = Path(__file__).resolve().parents[3]
+
+BUDGET = {
+    "metadata": {"name": "b", "namespace": "ns"},
+    "spec": {
+        "selector": {"matchLabels": {"job": "x"}},
+        "limits": {"perPod": {"vram": "20Gi"}, "total": {"vram": "80Gi"}},
+        "enforcement": {"escalation": [{"action": "Evict", "after": "10m"}, {"action": "Annotate"}]},
+    },
+}
+
+
+def budget_with(path: str, value):
+    obj = copy.deepcopy(BUDGET)
+    *parents, last = path.split(".")
+    node = obj
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return obj
+
+
+def test_ladder_sorted_and_defaults():
+    b = GPUMemoryBudget.model_validate(BUDGET)
+    assert [s.action for s in b.spec.enforcement.escalation] == ["Annotate", "Evict"]
+    assert b.spec.warning_threshold == 0.85
+    assert b.spec.limits.per_pod.vram_bytes() == 20 * 2**30
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("spec.limits.total", {"vram": "10Gi"}, "perPod.vram (20Gi) must not be above total.vram (10Gi)"),
+        ("spec.limits.perDevice", {"fraction": 0}, "fraction: 0.0 must be in (0, 1]"),
+        ("spec.limits.perDevice", {"vram": "1Gi", "fraction": 0.5}, "exactly one of vram or fraction"),
+        ("spec.limits.perPod", {}, "at least one of vram or ram"),
+        ("spec.limits.perPod", {"vram": "-1Gi"}, "perPod.vram"),
+        ("spec.enforcement.escalation", [{"action": "Annotate", "after": "5m"}, {"action": "Evict", "after": "1m"}],
+         "escalation delays must increase"),
+        ("spec.tolerance", {"duration": "soon"}, "tolerance.duration"),
+        ("spec.warningThreshold", 1.5, "warningThreshold"),
+        ("spec.limits.perPod", {"vram": "1Gi", "vramm": "1Gi"}, "vramm"),
+    ],
+)
+def test_invalid_budget_names_field(path, value, message):
+    with pytest.raises(ValidationError) as err:
+        GPUMemoryBudget.model_validate(budget_with(path, value))
+    assert message in str(err.value)
+
+
+def test_examples_validate_against_models():
+    kinds = {"GPUMemoryBudget": GPUMemoryBudget, "GPUMemoryPolicy": GPUMemoryPolicy}
+    seen = set()
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] in kinds:
+                kinds[doc["kind"]].model_validate(doc)
+                seen.add(doc["kind"])
+    assert seen == set(kinds)
+
+
+def test_device_limit_bytes_for_fraction():
+    b = GPUMemoryBudget.model_validate(budget_with("spec.limits.perDevice", {"fraction": 0.25}))
+    assert b.spec.limits.per_device.bytes_for(80 * 2**30) == 20 * 2**30
+    assert b.spec.limits.per_device.bytes_for(None) is None

@@ -20,9 +20,9 @@ ViolationKind = Literal["PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRA
 DEFAULT_THROTTLE_CPU = "100m"
 DEFAULT_WARNING_THRESHOLD = 0.85
 
+_RANK = "({x}.action == 'Annotate' ? 0 : ({x}.action == 'Throttle' ? 1 : 2))"
 _STEPS_INCREASING = (
-    "self.all(a, self.all(b, "
-    "['Annotate', 'Throttle', 'Evict'].indexOf(a.action) >= ['Annotate', 'Throttle', 'Evict'].indexOf(b.action)"
+    f"self.all(a, self.all(b, {_RANK.format(x='a')} >= {_RANK.format(x='b')}"
     " || duration(a.after) < duration(b.after)))"
 )
 
@@ -246,6 +246,23 @@ class Violation(APIModel):
     message: str = Field(default="", max_length=1024, description="Human-readable explanation.")
 
 
+class LimitWarning(APIModel):
+    """Usage above the budget's warning threshold of a limit, before any violation."""
+
+    kind: ViolationKind = Field(
+        description="Which limit: PodVRAM, PodRAM, DeviceVRAM, TotalVRAM or TotalRAM."
+    )
+    pod: str | None = Field(
+        default=None, description="Name of the pod; empty for a total over all selected pods."
+    )
+    device: str | None = Field(
+        default=None, description="UUID of the device, for a DeviceVRAM warning."
+    )
+    observed_bytes: int = Field(alias="observedBytes", ge=0, description="Measured usage in bytes.")
+    limit_bytes: int = Field(alias="limitBytes", ge=0, description="The effective limit in bytes.")
+    since: datetime = Field(description="When the usage first went above the warning threshold.")
+
+
 class BudgetUsage(APIModel):
     """Measured usage of the selected pods."""
 
@@ -274,6 +291,12 @@ class GPUMemoryBudgetStatus(APIModel):
     open_violations: int | None = Field(default=None, alias="openViolations", ge=0, description="Number of open violations.")
     violations: list[Violation] | None = Field(
         default=None, max_length=256, description="Open violations, with the escalation step reached."
+    )
+    warnings: list[LimitWarning] | None = Field(
+        default=None,
+        max_length=256,
+        description="Limits whose usage is above the warning threshold without a violation; "
+        "kept so that each crossing raises one Event.",
     )
 
 

@@ -139,7 +139,8 @@ def structural_keywords(node: dict[str, Any], defs: dict[str, Any]) -> dict[str,
             out[key] = structural(value, defs)
         elif key == "const":
             out["enum"] = [value]
-        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema 2020-12 gives the bound; OpenAPI v3.0 wants minimum + a flag
             out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
             out[key] = True
         elif key == "default" and value is None:
@@ -164,6 +165,8 @@ def undescribed(schema: dict[str, Any], path: str = "") -> list[str]:
     missing = []
     for name, sub in schema.get("properties", {}).items():
         here = f"{path}.{name}"
+        if here == ".metadata":
+            continue
         if not sub.get("description"):
             missing.append(here)
         missing += undescribed(sub, here)
@@ -185,7 +188,7 @@ def crd(res: Resource) -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion defines the versioned schema of this object."},
             "kind": {"type": "string", "description": "Kind is a string value representing the REST resource."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "metadata": {"type": "object"},  # the API server allows nothing more here
             "spec": spec_schema,
             "status": status_schema,
         },

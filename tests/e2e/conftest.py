@@ -5,7 +5,9 @@ installed and Established."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +65,8 @@ def cluster() -> Cluster:
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Any:
     """A fresh namespace for one test, deleted afterwards (without waiting)."""
-    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    name = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-") + "-" + digest
     cluster.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=true", "--timeout=60s", check=False)
     cluster.kubectl("create", "namespace", name)
     yield name

@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from . import API_VERSION
 from .limits import DeviceLimit, MemoryLimit, le_rule
 from .meta import APIModel, Condition, LabelSelector, ObjectMeta
 from .units import Duration, Quantity, parse_duration, quantity_to_bytes
@@ -22,8 +21,7 @@ DEFAULT_WARNING_THRESHOLD = 0.85
 
 _RANK = "({x}.action == 'Annotate' ? 0 : ({x}.action == 'Throttle' ? 1 : 2))"
 _STEPS_INCREASING = (
-    f"self.all(a, self.all(b, {_RANK.format(x='a')} >= {_RANK.format(x='b')}"
-    " || duration(a.after) < duration(b.after)))"
+    f"self.all(a, self.all(b, {_RANK.format(x='a')} >= {_RANK.format(x='b')} || duration(a.after) < duration(b.after)))"
 )
 
 
@@ -45,7 +43,9 @@ class Limits(APIModel):
     )
 
     per_pod: MemoryLimit | None = Field(
-        default=None, alias="perPod", description="Limits for each selected pod: VRAM summed over its devices, RAM working set."
+        default=None,
+        alias="perPod",
+        description="Limits for each selected pod: VRAM summed over its devices, RAM working set.",
     )
     per_device: DeviceLimit | None = Field(
         default=None,
@@ -88,7 +88,8 @@ class Tolerance(APIModel):
         description="Percentage above a limit that is tolerated for up to duration; above it a violation opens at once.",
     )
     duration: Duration = Field(
-        default="0s", description="How long usage may stay above a limit (within the overshoot) before a violation opens."
+        default="0s",
+        description="How long usage may stay above a limit (within the overshoot) before a violation opens.",
     )
 
     def seconds(self) -> float:
@@ -149,7 +150,10 @@ class Enforcement(APIModel):
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["action"],
             "x-kubernetes-validations": [
-                {"rule": _STEPS_INCREASING, "message": "escalation delays must increase along Annotate, Throttle, Evict"}
+                {
+                    "rule": _STEPS_INCREASING,
+                    "message": "escalation delays must increase along Annotate, Throttle, Evict",
+                }
             ],
         },
     )
@@ -212,7 +216,9 @@ class GPUMemoryBudgetSpec(APIModel):
         alias="warningThreshold",
         description="Fraction of a limit, in (0, 1], above which a Warning condition and Event are raised before any violation.",
         json_schema_extra={
-            "x-kubernetes-validations": [{"rule": "self > 0.0 && self <= 1.0", "message": "warningThreshold must be in (0, 1]"}]
+            "x-kubernetes-validations": [
+                {"rule": "self > 0.0 && self <= 1.0", "message": "warningThreshold must be in (0, 1]"}
+            ]
         },
     )
     leak_detection: LeakDetection | None = Field(
@@ -242,22 +248,18 @@ class Violation(APIModel):
     step: Action | None = Field(default=None, description="The last escalation step that fired.")
     step_time: datetime | None = Field(default=None, alias="stepTime", description="When that step fired.")
     next_step: Action | None = Field(default=None, alias="nextStep", description="The next step, if any.")
-    next_step_time: datetime | None = Field(default=None, alias="nextStepTime", description="When the next step is due.")
+    next_step_time: datetime | None = Field(
+        default=None, alias="nextStepTime", description="When the next step is due."
+    )
     message: str = Field(default="", max_length=1024, description="Human-readable explanation.")
 
 
 class LimitWarning(APIModel):
     """Usage above the budget's warning threshold of a limit, before any violation."""
 
-    kind: ViolationKind = Field(
-        description="Which limit: PodVRAM, PodRAM, DeviceVRAM, TotalVRAM or TotalRAM."
-    )
-    pod: str | None = Field(
-        default=None, description="Name of the pod; empty for a total over all selected pods."
-    )
-    device: str | None = Field(
-        default=None, description="UUID of the device, for a DeviceVRAM warning."
-    )
+    kind: ViolationKind = Field(description="Which limit: PodVRAM, PodRAM, DeviceVRAM, TotalVRAM or TotalRAM.")
+    pod: str | None = Field(default=None, description="Name of the pod; empty for a total over all selected pods.")
+    device: str | None = Field(default=None, description="UUID of the device, for a DeviceVRAM warning.")
     observed_bytes: int = Field(alias="observedBytes", ge=0, description="Measured usage in bytes.")
     limit_bytes: int = Field(alias="limitBytes", ge=0, description="The effective limit in bytes.")
     since: datetime = Field(description="When the usage first went above the warning threshold.")
@@ -266,8 +268,12 @@ class LimitWarning(APIModel):
 class BudgetUsage(APIModel):
     """Measured usage of the selected pods."""
 
-    vram_bytes: int | None = Field(default=None, alias="vramBytes", ge=0, description="VRAM of all selected pods, bytes.")
-    ram_bytes: int | None = Field(default=None, alias="ramBytes", ge=0, description="RAM working set of all selected pods, bytes.")
+    vram_bytes: int | None = Field(
+        default=None, alias="vramBytes", ge=0, description="VRAM of all selected pods, bytes."
+    )
+    ram_bytes: int | None = Field(
+        default=None, alias="ramBytes", ge=0, description="RAM working set of all selected pods, bytes."
+    )
     vram: str | None = Field(default=None, description="VRAM used / limit, for display (e.g. 41Gi/60Gi).")
     ram: str | None = Field(default=None, description="RAM used / limit, for display.")
 
@@ -284,11 +290,15 @@ class GPUMemoryBudgetStatus(APIModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     effective_mode: Mode | None = Field(
-        default=None, alias="effectiveMode", description="The mode in force after cluster policy (DryRun overrides Enforce)."
+        default=None,
+        alias="effectiveMode",
+        description="The mode in force after cluster policy (DryRun overrides Enforce).",
     )
     matched_pods: int | None = Field(default=None, alias="matchedPods", ge=0, description="Number of selected pods.")
     usage: BudgetUsage | None = Field(default=None, description="Measured usage of the selected pods.")
-    open_violations: int | None = Field(default=None, alias="openViolations", ge=0, description="Number of open violations.")
+    open_violations: int | None = Field(
+        default=None, alias="openViolations", ge=0, description="Number of open violations."
+    )
     violations: list[Violation] | None = Field(
         default=None, max_length=256, description="Open violations, with the escalation step reached."
     )
@@ -303,7 +313,7 @@ class GPUMemoryBudgetStatus(APIModel):
 class GPUMemoryBudget(APIModel):
     """A namespaced budget for the VRAM and RAM of the pods its selector matches."""
 
-    api_version: Literal["vramguard.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    api_version: Literal["vramguard.io/v1alpha1"] = Field(default="vramguard.io/v1alpha1", alias="apiVersion")
     kind: Literal["GPUMemoryBudget"] = "GPUMemoryBudget"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: GPUMemoryBudgetSpec

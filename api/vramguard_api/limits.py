@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ConfigDict, Field, model_validator
 
 from .meta import APIModel
 from .units import Quantity, quantity_to_bytes
-
 
 
 class MemoryLimit(APIModel):
@@ -96,7 +97,7 @@ def _has(path: str) -> str:
     return " && ".join(f"has(self.{'.'.join(parts[: i + 1])})" for i in range(len(parts)))
 
 
-def le_rule(a: str, b: str, message: str) -> dict[str, str]:
+def le_rule(a: str, b: str, message: str) -> dict[str, Any]:
     """A CEL rule saying quantity field path ``a`` is at most ``b`` when both are set.
 
     Quantities compare through Kubernetes' CEL quantity library (``quantity(x).compareTo``).

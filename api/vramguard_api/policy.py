@@ -31,7 +31,9 @@ class PolicyDefaults(APIModel):
 class PolicyCeilings(APIModel):
     """Ceilings that budgets in the policy's namespaces may not exceed."""
 
-    per_pod: MemoryLimit | None = Field(default=None, alias="perPod", description="Highest per-pod limits a budget may set.")
+    per_pod: MemoryLimit | None = Field(
+        default=None, alias="perPod", description="Highest per-pod limits a budget may set."
+    )
     per_device: DeviceLimit | None = Field(
         default=None, alias="perDevice", description="Highest per-device limit a budget may set."
     )
@@ -78,7 +80,9 @@ class GPUMemoryPolicySpec(APIModel):
 class GPUMemoryPolicyStatus(APIModel):
     """The observed state of a policy."""
 
-    observed_generation: int | None = Field(default=None, alias="observedGeneration", description="Generation observed.")
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration", description="Generation observed."
+    )
     conditions: list[Condition] | None = Field(
         default=None,
         description="Ready condition.",

@@ -32,9 +32,14 @@ class DeviceMemory(APIModel):
 
     total_bytes: int = Field(alias="totalBytes", ge=0, description="Total framebuffer memory, bytes.")
     reserved_bytes: int | None = Field(
-        default=None, alias="reservedBytes", ge=0, description="Memory reserved by the driver, firmware or hypervisor, bytes."
+        default=None,
+        alias="reservedBytes",
+        ge=0,
+        description="Memory reserved by the driver, firmware or hypervisor, bytes.",
     )
-    used_bytes: int | None = Field(default=None, alias="usedBytes", ge=0, description="Used memory as NVML reports it, bytes.")
+    used_bytes: int | None = Field(
+        default=None, alias="usedBytes", ge=0, description="Used memory as NVML reports it, bytes."
+    )
     free_bytes: int | None = Field(default=None, alias="freeBytes", ge=0, description="Free memory, bytes.")
     usable_bytes: int = Field(alias="usableBytes", ge=0, description="Usable memory: total minus reserved, bytes.")
 
@@ -44,20 +49,35 @@ class GPUDevice(APIModel):
 
     uuid: str = Field(max_length=128, description="NVML UUID (GPU-... or MIG-...).")
     index: int = Field(ge=0, description="NVML index of the GPU (of the parent GPU for a MIG device).")
-    model_name: str | None = Field(default=None, alias="modelName", max_length=128, description="Product name, e.g. NVIDIA H100 80GB HBM3.")
-    parent_uuid: str | None = Field(default=None, alias="parentUUID", max_length=128, description="For a MIG device: its parent GPU's UUID.")
-    mig_profile: str | None = Field(default=None, alias="migProfile", max_length=32, description="For a MIG device: its profile, e.g. 1g.5gb.")
-    gpu_instance_id: int | None = Field(default=None, alias="gpuInstanceId", ge=0, description="For a MIG device: GPU instance id.")
+    model_name: str | None = Field(
+        default=None, alias="modelName", max_length=128, description="Product name, e.g. NVIDIA H100 80GB HBM3."
+    )
+    parent_uuid: str | None = Field(
+        default=None, alias="parentUUID", max_length=128, description="For a MIG device: its parent GPU's UUID."
+    )
+    mig_profile: str | None = Field(
+        default=None, alias="migProfile", max_length=32, description="For a MIG device: its profile, e.g. 1g.5gb."
+    )
+    gpu_instance_id: int | None = Field(
+        default=None, alias="gpuInstanceId", ge=0, description="For a MIG device: GPU instance id."
+    )
     compute_instance_id: int | None = Field(
         default=None, alias="computeInstanceId", ge=0, description="For a MIG device: compute instance id."
     )
     mig_enabled: bool = Field(default=False, alias="migEnabled", description="For a GPU: whether MIG mode is enabled.")
     virtualization_mode: VirtualizationMode = Field(
-        default="None", alias="virtualizationMode", description="NVML virtualization mode: None, Passthrough, VGPU (guest), HostVGPU, HostVSGA."
+        default="None",
+        alias="virtualizationMode",
+        description="NVML virtualization mode: None, Passthrough, VGPU (guest), HostVGPU, HostVSGA.",
     )
-    memory: DeviceMemory | None = Field(default=None, description="Framebuffer memory; absent when it could not be read.")
+    memory: DeviceMemory | None = Field(
+        default=None, description="Framebuffer memory; absent when it could not be read."
+    )
     process_bytes: int | None = Field(
-        default=None, alias="processBytes", ge=0, description="Sum of the known per-process usage on this device, bytes."
+        default=None,
+        alias="processBytes",
+        ge=0,
+        description="Sum of the known per-process usage on this device, bytes.",
     )
     processes_complete: bool = Field(
         default=True,
@@ -72,7 +92,9 @@ class DeviceUsage(APIModel):
     """A pod's or container's VRAM on one device."""
 
     uuid: str = Field(max_length=128, description="Device UUID.")
-    used_bytes: int | None = Field(default=None, alias="usedBytes", ge=0, description="VRAM used on the device, bytes; absent when unknown.")
+    used_bytes: int | None = Field(
+        default=None, alias="usedBytes", ge=0, description="VRAM used on the device, bytes; absent when unknown."
+    )
 
 
 class ContainerUsage(APIModel):
@@ -82,7 +104,10 @@ class ContainerUsage(APIModel):
     container_id: str = Field(alias="containerID", max_length=128, description="Runtime container id (64 hex).")
     vram_bytes: int | None = Field(default=None, alias="vramBytes", ge=0, description="VRAM over all devices, bytes.")
     ram_working_set_bytes: int | None = Field(
-        default=None, alias="ramWorkingSetBytes", ge=0, description="RAM working set (usage minus inactive file), bytes."
+        default=None,
+        alias="ramWorkingSetBytes",
+        ge=0,
+        description="RAM working set (usage minus inactive file), bytes.",
     )
     oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills counted by the cgroup.")
 
@@ -93,11 +118,15 @@ class PodUsage(APIModel):
     uid: str = Field(max_length=64, description="Pod UID (or a static pod's config hash).")
     namespace: str | None = Field(default=None, max_length=63, description="Pod namespace, from the API.")
     name: str | None = Field(default=None, max_length=253, description="Pod name, from the API.")
-    qos_class: str | None = Field(default=None, alias="qosClass", max_length=16, description="guaranteed, burstable or besteffort.")
+    qos_class: str | None = Field(
+        default=None, alias="qosClass", max_length=16, description="guaranteed, burstable or besteffort."
+    )
     attribution: Attribution = Field(
         default="Measured", description="Measured, or Unknown when NVML could not report per-process memory."
     )
-    vram_bytes: int | None = Field(default=None, alias="vramBytes", ge=0, description="VRAM over all devices, bytes; absent when unknown.")
+    vram_bytes: int | None = Field(
+        default=None, alias="vramBytes", ge=0, description="VRAM over all devices, bytes; absent when unknown."
+    )
     ram_working_set_bytes: int | None = Field(
         default=None, alias="ramWorkingSetBytes", ge=0, description="RAM working set of the pod, bytes."
     )
@@ -112,7 +141,9 @@ class UnattributedProcess(APIModel):
 
     pid: int = Field(ge=0, description="Host PID.")
     device: str = Field(max_length=128, description="Device UUID.")
-    used_bytes: int | None = Field(default=None, alias="usedBytes", ge=0, description="VRAM used, bytes; absent when unknown.")
+    used_bytes: int | None = Field(
+        default=None, alias="usedBytes", ge=0, description="VRAM used, bytes; absent when unknown."
+    )
     reason: str = Field(max_length=256, description="Why the process could not be attributed to a pod.")
 
 
@@ -121,8 +152,12 @@ class AgentInfo(APIModel):
 
     version: str = Field(max_length=64, description="Agent version.")
     backend: Literal["nvml", "sim"] = Field(description="GPU backend: nvml or sim (simulated).")
-    sample_interval_seconds: float = Field(alias="sampleIntervalSeconds", gt=0, description="Sampling interval, seconds.")
-    driver_version: str | None = Field(default=None, alias="driverVersion", max_length=64, description="NVIDIA driver version.")
+    sample_interval_seconds: float = Field(
+        alias="sampleIntervalSeconds", gt=0, description="Sampling interval, seconds."
+    )
+    driver_version: str | None = Field(
+        default=None, alias="driverVersion", max_length=64, description="NVIDIA driver version."
+    )
 
 
 class NodeGPUUsageSpec(APIModel):

@@ -57,7 +57,9 @@ def cluster() -> Cluster:
     kubeconfig = up.stdout.strip().splitlines()[-1].removeprefix("export KUBECONFIG=")
     c = Cluster(kubeconfig=kubeconfig, helm=_helm())
     c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    names = [f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.vramguard.io" for p in (ROOT / "crds").glob("*.yaml")]
+    names = [
+        f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.vramguard.io" for p in (ROOT / "crds").glob("*.yaml")
+    ]
     c.kubectl("wait", "--for=condition=Established", *names, "--timeout=60s")
     return c
 

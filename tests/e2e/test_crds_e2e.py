@@ -53,8 +53,12 @@ def mutate(namespace: str, path: str, value: Any) -> dict[str, Any]:
 # (case, path to change, new value, text the API server's message must contain)
 INVALID = [
     ("per-pod above total", "spec.limits.total.vram", "10Gi", "perPod.vram must not be above total.vram"),
-    ("delays not increasing", "spec.enforcement.escalation.2.after", "1m",
-     "escalation delays must increase along Annotate, Throttle, Evict"),
+    (
+        "delays not increasing",
+        "spec.enforcement.escalation.2.after",
+        "1m",
+        "escalation delays must increase along Annotate, Throttle, Evict",
+    ),
     ("fraction zero", "spec.limits.perDevice.fraction", 0, "spec.limits.perDevice.fraction: Invalid value"),
     ("fraction above one", "spec.limits.perDevice.fraction", 1.5, "fraction must be in (0, 1]"),
     ("no limit set", "spec.limits", {}, "at least one of perPod, perDevice or total must be set"),
@@ -64,10 +68,19 @@ INVALID = [
     ("malformed quantity", "spec.limits.total.vram", "80GB", "spec.limits.total.vram"),
     ("wrong type", "spec.tolerance", {"overshootPercent": "ten"}, "spec.tolerance.overshootPercent"),
     ("unknown field", "spec.limits.perPod.vramm", "1Gi", 'unknown field "spec.limits.perPod.vramm"'),
-    ("malformed selector", "spec.selector", {"matchExpressions": [{"key": "a", "operator": "Like"}]},
-     "spec.selector.matchExpressions[0].operator"),
+    (
+        "malformed selector",
+        "spec.selector",
+        {"matchExpressions": [{"key": "a", "operator": "Like"}]},
+        "spec.selector.matchExpressions[0].operator",
+    ),
     ("malformed duration", "spec.tolerance", {"duration": "5 minutes"}, "spec.tolerance.duration"),
-    ("cpuLimit on annotate", "spec.enforcement.escalation.0.cpuLimit", "1", "cpuLimit is only valid on a Throttle step"),
+    (
+        "cpuLimit on annotate",
+        "spec.enforcement.escalation.0.cpuLimit",
+        "1",
+        "cpuLimit is only valid on a Throttle step",
+    ),
     ("warning threshold zero", "spec.warningThreshold", 0, "warningThreshold must be in (0, 1]"),
     ("unknown mode", "spec.enforcement.mode", "Audit", "spec.enforcement.mode: Unsupported value"),
     ("evictBefore without enabled", "spec.leakDetection", {"evictBefore": "10m"}, "evictBefore requires enabled: true"),
@@ -78,7 +91,11 @@ INVALID = [
 def test_crds_established(cluster):
     out = json.loads(cluster.kubectl("get", "crd", "-o", "json").stdout)
     ours = {c["metadata"]["name"]: c for c in out["items"] if c["spec"]["group"] == "vramguard.io"}
-    assert set(ours) == {"gpumemorybudgets.vramguard.io", "gpumemorypolicies.vramguard.io", "nodegpuusages.vramguard.io"}
+    assert set(ours) == {
+        "gpumemorybudgets.vramguard.io",
+        "gpumemorypolicies.vramguard.io",
+        "nodegpuusages.vramguard.io",
+    }
     for crd in ours.values():
         conds = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
         assert conds["Established"] == "True" and conds.get("NonStructuralSchema") is None

@@ -27,9 +27,11 @@ def test_import_operator_is_stdlib_under_python_m():
 
 def test_import_operator_is_stdlib_under_mypy(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("import operator\nx: int = operator.add(1, 2)\ny: str = operator.itemgetter(0)([\"a\"])\n")
+    probe.write_text('import operator\nx: int = operator.add(1, 2)\ny: str = operator.itemgetter(0)(["a"])\n')
     out = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), str(probe)],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -47,8 +47,11 @@ def test_ladder_sorted_and_defaults():
         ("spec.limits.perDevice", {"vram": "1Gi", "fraction": 0.5}, "exactly one of vram or fraction"),
         ("spec.limits.perPod", {}, "at least one of vram or ram"),
         ("spec.limits.perPod", {"vram": "-1Gi"}, "perPod.vram"),
-        ("spec.enforcement.escalation", [{"action": "Annotate", "after": "5m"}, {"action": "Evict", "after": "1m"}],
-         "escalation delays must increase"),
+        (
+            "spec.enforcement.escalation",
+            [{"action": "Annotate", "after": "5m"}, {"action": "Evict", "after": "1m"}],
+            "escalation delays must increase",
+        ),
         ("spec.tolerance", {"duration": "soon"}, "tolerance.duration"),
         ("spec.warningThreshold", 1.5, "warningThreshold"),
         ("spec.limits.perPod", {"vram": "1Gi", "vramm": "1Gi"}, "vramm"),

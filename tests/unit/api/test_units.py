@@ -9,8 +9,16 @@ from vramguard_api.units import format_bytes, parse_duration, quantity_to_bytes
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("40Gi", 40 * 2**30), ("512Mi", 512 * 2**20), ("1G", 10**9), ("1000", 1000), ("1.5Ki", 1536), ("100m", 1),
-     ("1e3", 1000), (2048, 2048)],
+    [
+        ("40Gi", 40 * 2**30),
+        ("512Mi", 512 * 2**20),
+        ("1G", 10**9),
+        ("1000", 1000),
+        ("1.5Ki", 1536),
+        ("100m", 1),
+        ("1e3", 1000),
+        (2048, 2048),
+    ],
 )
 def test_quantity_to_bytes(text, expected):
     assert quantity_to_bytes(text) == expected

@@ -35,9 +35,12 @@ test-e2e: venv
 
 generate: venv
 	$(PYTHON) -m vramguard_api.crdgen crds
+	@# The Helm chart ships a copy of the CRDs (docs/install.md, "Upgrade").
+	rm -f charts/vramguard/crds/*.yaml && cp crds/*.yaml charts/vramguard/crds/
 
 verify: venv lint typecheck
 	$(PYTHON) -m vramguard_api.crdgen --check crds
+	diff -r crds charts/vramguard/crds || { echo "charts/vramguard/crds differs from crds/: run make generate" >&2; exit 1; }
 
 lint: venv
 	$(BIN)/ruff check api operator agent tests hack

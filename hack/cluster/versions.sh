@@ -12,4 +12,4 @@ GOCACHE=${VG_GOCACHE:-$VG_CACHE/gobuild}
 K8S_BIN=$VG_BIN/kubernetes-$K8S_VERSION
 ETCD_BIN=$VG_BIN/etcd-$ETCD_VERSION
 KWOK_BIN=$VG_BIN/kwok-$KWOK_VERSION
-HELM_BIN=$VG_BIN/helm-$HELM_VERSION
+HELM_BIN=$VG_BIN/helm-$HELM_VERSION-k8s  # -k8s: built with the Kubernetes version stamped

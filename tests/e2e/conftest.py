@@ -44,8 +44,13 @@ class Cluster:
 
 
 def _helm() -> str | None:
-    found = sorted(CACHE.glob("bin/helm-*/helm"))
-    return str(found[-1]) if found else None
+    """The helm binary that hack/cluster/build.sh built (its path comes from versions.sh)."""
+    out = subprocess.run(
+        ["bash", "-c", f"source {ROOT / 'hack/cluster/versions.sh'} && echo $HELM_BIN/helm"],
+        capture_output=True, text=True, check=True,
+    )
+    path = Path(out.stdout.strip())
+    return str(path) if path.exists() else None
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,438 @@
+"""The Helm chart on a real API server: the commands of docs/install.md, run as
+they are written (validate server-side with default and non-default values,
+install, upgrade, uninstall); the objects exist; the agent lands only on GPU
+nodes; each ServiceAccount can do what it needs and nothing else (kubectl auth
+can-i); an agent's pod-bound token may write only its own node's report; values
+that break the schema are rejected.
+
+The operator and agent containers do not run here (kwok simulates the kubelet):
+the tests cover what the chart asks of the API server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.chart.helm import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    doc_blocks,
+    doc_commands,
+    find_helm,
+    template_args,
+)
+
+pytestmark = pytest.mark.e2e
+
+OPERATOR = f"system:serviceaccount:{NAMESPACE}:vramguard-operator"
+AGENT = f"system:serviceaccount:{NAMESPACE}:vramguard-agent"
+# Two extra kwok nodes: one without any GPU label (no agent may land there) and
+# one with only Node Feature Discovery's NVIDIA label and the nvidia.com/gpu
+# taint (an agent must land there: affinity on the NFD label, toleration).
+CPU_NODE, NFD_NODE = "vg-chart-cpu", "vg-chart-nfd"
+
+
+def fake_node(name: str, labels: dict[str, str], taints: list[dict[str, str]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                     "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                "type": "kwok", **labels}},
+        "spec": {"taints": taints},
+        "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                   "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}},
+    }
+
+
+class Docs:
+    """Runs the marked blocks of docs/install.md against the cluster, with the
+    cached helm first on PATH."""
+
+    def __init__(self, cluster: Any, helm: str) -> None:
+        self.cluster = cluster
+        self.env = {**cluster.env(), "PATH": f"{Path(helm).parent}{os.pathsep}{os.environ['PATH']}"}
+        self.blocks = doc_blocks()
+        self.ran: list[str] = []
+        self.install_output = ""
+
+    def run(self, block: str, check: bool = True) -> list[subprocess.CompletedProcess[str]]:
+        """Run each command of ``block`` in the repository root; on failure (when
+        ``check``) fail the test naming the command and its output."""
+        results = []
+        for cmd in doc_commands(self.blocks[block]):
+            proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=ROOT, env=self.env,
+                                  capture_output=True, text=True, timeout=400)
+            self.ran.append(cmd)
+            results.append(proc)
+            if check and proc.returncode != 0:
+                pytest.fail(f"docs/install.md [{block}] `{cmd}` exited {proc.returncode}:\n"
+                            f"{proc.stdout}\n{proc.stderr}")
+        return results
+
+    def shell(self, cmd: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def docs(cluster: Any) -> Iterator[Docs]:
+    helm = cluster.helm or find_helm()
+    if helm is None:
+        pytest.skip("helm binary not found; hack/cluster/build.sh builds it")
+    d = Docs(cluster, helm)
+    # Left over from an interrupted run.
+    d.shell(f"helm uninstall {RELEASE} -n {NAMESPACE} --wait --timeout 2m")
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s",
+                    check=False)
+    nodes = [fake_node(CPU_NODE, {}, []),
+             fake_node(NFD_NODE, {"feature.node.kubernetes.io/pci-0302_10de.present": "true"},
+                       [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes))
+    cluster.kubectl("wait", "--for=condition=Ready", f"node/{CPU_NODE}", f"node/{NFD_NODE}",
+                    "--timeout=60s")
+    try:
+        d.run("namespace")
+        yield d
+    finally:
+        d.run("uninstall", check=False)
+        cluster.kubectl("delete", "node", CPU_NODE, NFD_NODE, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "nodegpuusages.vramguard.io", CPU_NODE, NFD_NODE,
+                        "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="module")
+def installed(docs: Docs) -> Docs:
+    docs.install_output = docs.run("install")[0].stdout
+    return docs
+
+
+def get(cluster: Any, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+# --- validate, install ----------------------------------------------------------
+
+
+def test_docs_validate_block_passes_server_side(docs):
+    results = docs.run("validate")
+    applied = [r.stdout for r in results if "--dry-run=server" in r.args[-1]]
+    assert len(applied) == 2
+    for out in applied:
+        assert "(server dry run)" in out
+        for kind in ("daemonset.apps/", "deployment.apps/", "validatingadmissionpolicy",
+                     "validatingwebhookconfiguration", "clusterrole.rbac"):
+            assert kind in out, (kind, out)
+
+
+def test_monitoring_values_are_valid_where_the_server_knows_the_kind(docs, cluster):
+    """cert-manager's and the Prometheus Operator's CRDs are not on the local
+    cluster: every other object of that render is validated server-side, and
+    those four kinds are the only ones left out."""
+    args = template_args(values_files=[CHART / "ci" / "monitoring-values.yaml"])
+    out = docs.shell("helm " + " ".join(args))
+    assert out.returncode == 0, out.stderr
+    objs = [o for o in yaml.safe_load_all(out.stdout) if o]
+    served = [o for o in objs if not o["apiVersion"].startswith(("cert-manager.io/",
+                                                                 "monitoring.coreos.com/"))]
+    assert sorted(o["kind"] for o in objs if o not in served) == [
+        "Certificate", "PrometheusRule", "ServiceMonitor"]
+    # The values put the Grafana dashboard in the namespace "monitoring".
+    created = cluster.kubectl("create", "namespace", "monitoring", check=False).returncode == 0
+    try:
+        res = cluster.kubectl("apply", "--dry-run=server", "-f", "-",
+                              input=yaml.safe_dump_all(served), check=False)
+    finally:
+        if created:
+            cluster.kubectl("delete", "namespace", "monitoring", "--wait=false")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("(server dry run)") == len(served)
+
+
+def test_install_creates_every_object(installed, cluster):
+    ns = ["-n", NAMESPACE]
+    for ref in ("serviceaccount/vramguard-operator", "serviceaccount/vramguard-agent",
+                "deployment/vramguard-operator", "daemonset/vramguard-agent",
+                "service/vramguard-operator", "service/vramguard-agent",
+                "poddisruptionbudget/vramguard-operator", "secret/vramguard-webhook-tls"):
+        assert get(cluster, ref, *ns)["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    for ref in ("clusterrole/vramguard-operator", "clusterrole/vramguard-agent",
+                "clusterrolebinding/vramguard-operator", "clusterrolebinding/vramguard-agent",
+                "validatingwebhookconfiguration/vramguard",
+                "mutatingwebhookconfiguration/vramguard",
+                "validatingadmissionpolicy/vramguard-agent-own-node",
+                "validatingadmissionpolicybinding/vramguard-agent-own-node"):
+        get(cluster, ref)
+    dep = get(cluster, "deployment/vramguard-operator", *ns)
+    assert dep["status"].get("availableReplicas") == 1
+    # The controller-manager type-checks the policy's CEL against the CRD's
+    # schema and reports warnings in status; there must be none.
+    deadline = time.monotonic() + 60
+    while True:
+        vap = get(cluster, "validatingadmissionpolicy/vramguard-agent-own-node")
+        status = vap.get("status", {})
+        if status.get("observedGeneration") == vap["metadata"]["generation"]:
+            break
+        assert time.monotonic() < deadline, f"policy not type-checked: {status}"
+        time.sleep(1)
+    assert status.get("typeChecking", {}).get("expressionWarnings") is None, status
+
+
+def test_install_prints_the_notes(installed):
+    out = installed.install_output
+    assert "STATUS: deployed" in out and "NOTES:" in out
+    assert f"is installed in namespace {NAMESPACE}" in out
+    assert f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=privileged" in out
+
+
+def test_agent_runs_on_gpu_nodes_only(installed, cluster):
+    nodes = get(cluster, "nodes")["items"]
+    gpu_labels = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present",
+                  "feature.node.kubernetes.io/pci-0302_10de.present",
+                  "feature.node.kubernetes.io/pci-0300_10de.present")
+    gpu = {n["metadata"]["name"] for n in nodes
+           if any(n["metadata"]["labels"].get(k) == "true" for k in gpu_labels)}
+    assert NFD_NODE in gpu and CPU_NODE not in gpu
+    ds = get(cluster, "daemonset/vramguard-agent", "-n", NAMESPACE)
+    assert ds["status"]["desiredNumberScheduled"] == len(gpu)
+    pods = get(cluster, "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=agent")["items"]
+    assert {p["spec"]["nodeName"] for p in pods} == gpu
+    for p in pods:
+        assert p["spec"]["priority"] == 2000001000   # system-node-critical resolved
+        assert p["spec"]["hostPID"] is True
+
+
+# --- RBAC ---------------------------------------------------------------------------
+
+CAN_I = [
+    # (who, verb, resource, subresource, allowed)
+    (OPERATOR, "create", "pods", "eviction", True),
+    (OPERATOR, "patch", "pods", "resize", True),
+    (OPERATOR, "patch", "pods", "", True),
+    (OPERATOR, "watch", "pods", "", True),
+    (OPERATOR, "create", "events", "", True),
+    (OPERATOR, "create", "events.events.k8s.io", "", True),
+    (OPERATOR, "list", "nodegpuusages.vramguard.io", "", True),
+    (OPERATOR, "patch", "gpumemorybudgets.vramguard.io", "status", True),
+    (OPERATOR, "update", "gpumemorypolicies.vramguard.io", "status", True),
+    (OPERATOR, "watch", "customresourcedefinitions.apiextensions.k8s.io", "", True),
+    (OPERATOR, "list", "poddisruptionbudgets.policy", "", True),
+    (OPERATOR, "list", "nodes", "", True),
+    (OPERATOR, "delete", "pods", "", False),
+    (OPERATOR, "create", "pods", "", False),
+    (OPERATOR, "get", "secrets", "", False),
+    (OPERATOR, "patch", "nodes", "", False),
+    (OPERATOR, "create", "nodegpuusages.vramguard.io", "", False),
+    (OPERATOR, "patch", "nodegpuusages.vramguard.io", "status", False),
+    (OPERATOR, "delete", "gpumemorybudgets.vramguard.io", "", False),
+    (OPERATOR, "patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", "", False),
+    (AGENT, "list", "pods", "", True),
+    (AGENT, "watch", "pods", "", True),
+    (AGENT, "get", "nodes", "", True),
+    (AGENT, "list", "nodes", "", False),
+    (AGENT, "create", "nodegpuusages.vramguard.io", "", True),
+    (AGENT, "patch", "nodegpuusages.vramguard.io", "", True),
+    (AGENT, "patch", "nodegpuusages.vramguard.io", "status", True),
+    (AGENT, "create", "pods", "eviction", False),
+    (AGENT, "patch", "pods", "", False),
+    (AGENT, "update", "pods", "", False),
+    (AGENT, "delete", "pods", "", False),
+    (AGENT, "get", "pods", "", False),
+    (AGENT, "patch", "pods", "resize", False),
+    (AGENT, "get", "secrets", "", False),
+    (AGENT, "patch", "nodes", "", False),
+    (AGENT, "delete", "nodegpuusages.vramguard.io", "", False),
+    (AGENT, "list", "gpumemorybudgets.vramguard.io", "", False),
+    (AGENT, "patch", "gpumemorybudgets.vramguard.io", "status", False),
+    (AGENT, "create", "events", "", False),
+]
+
+
+@pytest.mark.parametrize(("who", "verb", "resource", "sub", "allowed"), CAN_I,
+                         ids=[f"{w.rsplit(':', 1)[1]}-{v}-{r}{'/' + s if s else ''}"
+                              for w, v, r, s, _ in CAN_I])
+def test_kubectl_auth_can_i(installed, cluster, who, verb, resource, sub, allowed):
+    args = ["auth", "can-i", verb, resource, f"--as={who}", "-n", "default"]
+    if sub:
+        args.append(f"--subresource={sub}")
+    res = cluster.kubectl(*args, check=False)
+    assert res.stdout.strip() == ("yes" if allowed else "no"), res.stderr
+
+
+# --- node restriction, with real tokens ---------------------------------------
+
+
+def token_client(cluster: Any, token: str) -> Any:
+    """An ApiClient that authenticates with ``token`` only (no client certificate)."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=cluster.kubeconfig, client_configuration=cfg)
+    cfg.cert_file = cfg.key_file = None
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(cfg)
+
+
+def report(node: str) -> dict[str, Any]:
+    return {"apiVersion": "vramguard.io/v1alpha1", "kind": "NodeGPUUsage",
+            "metadata": {"name": node}, "spec": {"nodeName": node}}
+
+
+def status_patch() -> dict[str, Any]:
+    return {"status": {"sampleTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
+
+
+def forbidden(call: Any) -> str:
+    """Run ``call``; return the API server's message of the 403 it must raise."""
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException) as err:
+        call()
+    assert err.value.status == 403, err.value.body
+    return str(json.loads(err.value.body)["message"])
+
+
+@pytest.fixture(scope="module")
+def agent_on_nfd_node(installed: Docs, cluster: Any) -> dict[str, Any]:
+    pods = get(cluster, "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=agent",
+               "--field-selector", f"spec.nodeName={NFD_NODE}")["items"]
+    assert len(pods) == 1
+    return dict(pods[0])
+
+
+def test_agent_token_carries_its_node_claim(cluster, agent_on_nfd_node):
+    from kubernetes import client
+
+    pod = agent_on_nfd_node["metadata"]["name"]
+    token = cluster.kubectl("create", "token", "vramguard-agent", "-n", NAMESPACE,
+                            "--bound-object-kind", "Pod", "--bound-object-name", pod).stdout.strip()
+    review = client.AuthenticationV1Api(token_client(cluster, token)).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    user = review.status.user_info
+    assert user.username == AGENT
+    assert user.extra["authentication.kubernetes.io/node-name"] == [NFD_NODE]
+    assert user.extra["authentication.kubernetes.io/pod-name"] == [pod]
+
+
+def test_agent_writes_only_its_own_node_report(cluster, agent_on_nfd_node):
+    from kubernetes import client
+
+    pod = agent_on_nfd_node["metadata"]["name"]
+    token = cluster.kubectl("create", "token", "vramguard-agent", "-n", NAMESPACE,
+                            "--bound-object-kind", "Pod", "--bound-object-name", pod).stdout.strip()
+    api = client.CustomObjectsApi(token_client(cluster, token))
+    group = ("vramguard.io", "v1alpha1", "nodegpuusages")
+    cluster.kubectl("delete", "nodegpuusages.vramguard.io", NFD_NODE, CPU_NODE,
+                    "--ignore-not-found")
+
+    # Its own node: create, then patch the status, as the agent does.
+    created = api.create_cluster_custom_object(*group, report(NFD_NODE))
+    assert created["metadata"]["name"] == NFD_NODE
+    patched = api.patch_cluster_custom_object_status(*group, NFD_NODE, status_patch())
+    assert "sampleTime" in patched["status"]
+
+    # Another node's report: neither created nor changed.
+    msg = forbidden(lambda: api.create_cluster_custom_object(*group, report(CPU_NODE)))
+    assert f"may write only NodeGPUUsage {NFD_NODE}, not {CPU_NODE}" in msg
+    assert "vramguard-agent-own-node" in msg
+    cluster.kubectl("create", "-f", "-", input=json.dumps(report(CPU_NODE)))
+    forbidden(lambda: api.patch_cluster_custom_object_status(*group, CPU_NODE, status_patch()))
+    label = {"metadata": {"labels": {"example.com/x": "y"}}}
+    forbidden(lambda: api.patch_cluster_custom_object(*group, CPU_NODE, label))
+    assert "status" not in get(cluster, f"nodegpuusages.vramguard.io/{CPU_NODE}")
+    # Its own name, but claiming another node in the spec.
+    msg = forbidden(lambda: api.patch_cluster_custom_object(*group, NFD_NODE,
+                                                           {"spec": {"nodeName": CPU_NODE}}))
+    assert f"may not report spec.nodeName {CPU_NODE}" in msg
+    # And no deleting, even its own (RBAC).
+    forbidden(lambda: api.delete_cluster_custom_object(*group, NFD_NODE))
+
+
+def test_token_without_node_claim_writes_nothing(cluster, agent_on_nfd_node):
+    from kubernetes import client
+
+    token = cluster.kubectl("create", "token", "vramguard-agent", "-n", NAMESPACE).stdout.strip()
+    api = client.CustomObjectsApi(token_client(cluster, token))
+    cluster.kubectl("delete", "nodegpuusages.vramguard.io", NFD_NODE, "--ignore-not-found")
+    msg = forbidden(lambda: api.create_cluster_custom_object(
+        "vramguard.io", "v1alpha1", "nodegpuusages", report(NFD_NODE)))
+    assert "carries no node claim" in msg
+
+
+def test_agent_token_cannot_evict_or_patch_pods(cluster, agent_on_nfd_node):
+    from kubernetes import client
+
+    pod = agent_on_nfd_node["metadata"]["name"]
+    token = cluster.kubectl("create", "token", "vramguard-agent", "-n", NAMESPACE,
+                            "--bound-object-kind", "Pod", "--bound-object-name", pod).stdout.strip()
+    core = client.CoreV1Api(token_client(cluster, token))
+    victim = get(cluster, "pods", "-n", NAMESPACE, "-l",
+                 "app.kubernetes.io/component=operator")["items"][0]["metadata"]["name"]
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": victim, "namespace": NAMESPACE}}
+    forbidden(lambda: core.create_namespaced_pod_eviction(victim, NAMESPACE, eviction))
+    forbidden(lambda: core.patch_namespaced_pod(victim, NAMESPACE,
+                                                {"metadata": {"annotations": {"x": "y"}}}))
+    # Listing the pods of its node is what it may do.
+    listed = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NFD_NODE}")
+    assert [p.metadata.name for p in listed.items] == [pod]
+
+
+# --- schema and upgrade ----------------------------------------------------------
+
+
+def revision(docs: Docs) -> int:
+    out = docs.shell(f"helm status {RELEASE} -n {NAMESPACE} -o json")
+    assert out.returncode == 0, out.stderr
+    return int(json.loads(out.stdout)["version"])
+
+
+@pytest.mark.parametrize("bad", ["operator.replicas=2", "agent.backend=cuda",
+                                 "webhook.tls.secretName=mine"])
+def test_upgrade_with_values_breaking_the_schema_is_rejected(installed, bad):
+    before = revision(installed)
+    out = installed.shell(f"helm upgrade {RELEASE} {CHART} -n {NAMESPACE} --set {bad}")
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr
+    assert revision(installed) == before
+
+
+def test_docs_upgrade_block_keeps_the_webhook_certificate(installed, cluster):
+    def ca() -> tuple[str, set[str]]:
+        secret = get(cluster, "secret/vramguard-webhook-tls", "-n", NAMESPACE)
+        hooks = get(cluster, "validatingwebhookconfiguration/vramguard")["webhooks"]
+        hooks += get(cluster, "mutatingwebhookconfiguration/vramguard")["webhooks"]
+        return secret["data"]["ca.crt"], {h["clientConfig"]["caBundle"] for h in hooks}
+
+    secret_ca, bundles = ca()
+    assert bundles == {secret_ca}
+    assert base64.b64decode(secret_ca).startswith(b"-----BEGIN CERTIFICATE-----")
+    before = revision(installed)
+    installed.run("upgrade")
+    assert revision(installed) == before + 1
+    assert ca() == (secret_ca, bundles)
+
+
+
+
+def test_docs_uninstall_block_removes_the_release_and_keeps_the_crds(installed, cluster):
+    installed.run("uninstall")
+    for ref in ("validatingwebhookconfiguration/vramguard",
+                "mutatingwebhookconfiguration/vramguard",
+                "validatingadmissionpolicy/vramguard-agent-own-node",
+                "clusterrole/vramguard-operator", "clusterrole/vramguard-agent"):
+        res = cluster.kubectl("get", ref, check=False)
+        assert res.returncode != 0 and "NotFound" in res.stderr, ref
+    for crd in ("gpumemorybudgets", "gpumemorypolicies", "nodegpuusages"):
+        get(cluster, f"crd/{crd}.vramguard.io")

@@ -308,6 +308,17 @@ class GPUMemoryBudgetStatus(APIModel):
         description="Limits whose usage is above the warning threshold without a violation; "
         "kept so that each crossing raises one Event.",
     )
+    limit_sources: dict[str, str] | None = Field(
+        default=None,
+        alias="limitSources",
+        description="Where each effective limit came from, by limit (perPod.vram, perPod.ram, perDevice, "
+        "total.vram, total.ram): budget, or policy/<name>/ceiling when a GPUMemoryPolicy ceiling lowered or set it.",
+    )
+    mode_source: str | None = Field(
+        default=None,
+        alias="modeSource",
+        description="Where effectiveMode came from: budget, or policy/<name> when that GPUMemoryPolicy's mode decided it.",
+    )
 
 
 class GPUMemoryBudget(APIModel):

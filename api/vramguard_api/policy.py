@@ -88,6 +88,20 @@ class GPUMemoryPolicyStatus(APIModel):
         description="Ready condition.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    matched_namespaces: int | None = Field(
+        default=None, alias="matchedNamespaces", ge=0, description="Number of namespaces the policy applies to."
+    )
+    namespaces: list[Annotated[str, Field(max_length=63)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="Namespaces the policy applies to (sorted, at most 256).",
+    )
+    overridden: list[Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="Fields where a stricter policy wins in some of these namespaces, as "
+        "'<field> in <namespace>: policy/<name>' (at most 256).",
+    )
 
 
 class GPUMemoryPolicy(APIModel):

@@ -1,79 +1,122 @@
 """Trend features of a pod's VRAM history, computed by the agent and read by the
-operator's leak detection, so that both interpret them the same way."""
+operator's leak detection, so that both interpret them the same way.
+
+The features come from the leak detector (:mod:`vramguard_api.leak`): the
+operator decides a budget's leak violation from them alone with
+:func:`vramguard_api.leak.leak_from_trend`.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import numpy as np
 from pydantic import Field
 
+from .leak import (
+    DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
+    DEFAULT_MIN_WINDOW_SECONDS,
+    Samples,
+    current_segment,
+    fit_rise,
+    floor_points,
+    is_leak,
+    validate_series,
+)
 from .meta import APIModel
-
-if TYPE_CHECKING:
-    import numpy as np
 
 
 class TrendFeatures(APIModel):
     """Features of a VRAM series over a window.
 
-    ``growthBytesPerHour`` is the Theil–Sen slope of the series' lower envelope
-    (a robust estimator: insensitive to a sawtooth and to outliers);
-    ``growthLowBytesPerHour`` its lower confidence bound; ``floorRiseBytes`` the rise of the
-    rolling minimum from the first to the last quarter of the window.
+    ``growthBytesPerHour`` is the Theil–Sen slope of the series' floor (its
+    lowest sample per 5-minute block: insensitive to a training sawtooth and to
+    spikes) in the current segment (since the last restart), since the rise's
+    onset when the floor rises steadily; ``growthLowBytesPerHour`` its lower
+    95% confidence bound; ``floorRiseBytes`` the rise of the floor from the
+    first to the last quarter of the segment. ``riseSeconds`` and
+    ``onsetSeconds`` are present only when the floor rises steadily (a leak's
+    signature, whatever its rate); ``leak`` is the verdict at the default
+    thresholds. ``vramguard_api.leak.leak_from_trend`` decides with others.
     """
 
-    window_seconds: float = Field(alias="windowSeconds", ge=0, description="Time covered by the history, seconds.")
+    window_seconds: float = Field(
+        alias="windowSeconds", ge=0, description="Time covered by the history, seconds."
+    )
     samples: int = Field(ge=0, description="Number of samples in the window.")
     growth_bytes_per_hour: float | None = Field(
-        default=None, alias="growthBytesPerHour", description="Robust growth rate, bytes per hour."
+        default=None,
+        alias="growthBytesPerHour",
+        description="Robust growth rate of the VRAM floor since the last restart (since the "
+        "rise's onset when the floor rises steadily), bytes per hour.",
     )
     growth_low_bytes_per_hour: float | None = Field(
-        default=None, alias="growthLowBytesPerHour", description="Lower confidence bound of the growth rate, bytes per hour."
+        default=None,
+        alias="growthLowBytesPerHour",
+        description="Lower 95% confidence bound of the growth rate, bytes per hour.",
     )
     floor_rise_bytes: float | None = Field(
-        default=None, alias="floorRiseBytes", description="Rise of the rolling minimum over the window, bytes."
+        default=None,
+        alias="floorRiseBytes",
+        description="Rise of the VRAM floor over the window (since the last restart), bytes.",
+    )
+    rise_seconds: float | None = Field(
+        default=None,
+        alias="riseSeconds",
+        ge=0,
+        description="How long the floor has risen steadily, from the onset to its latest advance, seconds; "
+        "absent when it does not rise steadily.",
+    )
+    onset_seconds: float | None = Field(
+        default=None,
+        alias="onsetSeconds",
+        ge=0,
+        description="How long before the window's last sample the steady rise began, seconds; "
+        "absent when the floor does not rise steadily.",
+    )
+    leak: bool | None = Field(
+        default=None,
+        description="Whether the window shows a leak at the default thresholds (growth of 200Mi per hour "
+        "or more, rising for 30m or more); absent with fewer than 3 samples.",
     )
 
 
-def compute_trend(times_s: list[float], values_bytes: list[float]) -> TrendFeatures:
+def compute_trend(times_s: Samples, values_bytes: Samples) -> TrendFeatures:
     """Compute trend features of one VRAM series.
 
     ``times_s`` are sample times in seconds (increasing), ``values_bytes`` the
     VRAM in bytes at those times (same length; unknown samples left out by the
-    caller). The growth rate is the Theil–Sen slope (``scipy.stats.theilslopes``,
-    95% confidence) of the lower envelope: the series' rolling minimum over
-    windows of one tenth of the span, which removes a training loop's sawtooth and
-    upward spikes. Fewer than 3 samples give no growth figures.
+    caller, zeros from failed reads or restarts kept). Fewer than 3 samples, or
+    fewer than 3 since the last restart, give no growth figures. Raises
+    ``ValueError`` as :func:`vramguard_api.leak.detect_leak` does.
     """
-    import numpy as np
-    from scipy.stats import theilslopes
-
+    t, v = validate_series(times_s, values_bytes)
     n = len(times_s)
-    if n != len(values_bytes):
-        raise ValueError(f"times_s and values_bytes differ in length: {n} != {len(values_bytes)}")
-    if n == 0:
-        return TrendFeatures(windowSeconds=0.0, samples=0)
-    t = np.asarray(times_s, dtype=float)
-    v = np.asarray(values_bytes, dtype=float)
-    window = float(t[-1] - t[0])
-    if n < 3 or window <= 0:
+    window = float(times_s[-1] - times_s[0]) if n else 0.0
+    if t.size < 3 or window <= 0:
         return TrendFeatures(windowSeconds=window, samples=n)
-    floor = _rolling_min(t, v, window / 10)
-    slope, _, low, _ = theilslopes(floor, t, alpha=0.95)
-    quarter = max(1, n // 4)
-    rise = float(floor[-quarter:].min() - floor[:quarter].min())
+    st, sv = current_segment(t, v)
+    rise = fit_rise(st, sv)
+    if rise is None:
+        return TrendFeatures(windowSeconds=window, samples=n, leak=False)
     return TrendFeatures(
         windowSeconds=window,
         samples=n,
-        growthBytesPerHour=float(slope) * 3600,
-        growthLowBytesPerHour=float(low) * 3600,
-        floorRiseBytes=rise,
+        growthBytesPerHour=rise.growth_bytes_per_hour,
+        growthLowBytesPerHour=rise.growth_low_bytes_per_hour,
+        floorRiseBytes=_floor_rise(st, sv),
+        riseSeconds=rise.rise_seconds if rise.structural else None,
+        onsetSeconds=rise.end_t_seconds - rise.onset_t_seconds if rise.structural else None,
+        leak=is_leak(
+            rise.structural,
+            rise.rise_seconds,
+            rise.growth_bytes_per_hour,
+            DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
+            DEFAULT_MIN_WINDOW_SECONDS,
+        ),
     )
 
 
-def _rolling_min(t: "np.ndarray", v: "np.ndarray", width_s: float) -> "np.ndarray":
-    """Minimum of ``v`` over the trailing ``width_s`` seconds at each sample."""
-    import numpy as np
-
-    start = np.searchsorted(t, t - width_s, side="left")
-    return np.array([v[s : i + 1].min() for i, s in enumerate(start)])
+def _floor_rise(st: np.ndarray, sv: np.ndarray) -> float:
+    """Lowest floor point in the last quarter of the segment less the lowest in the first."""
+    ft, fv = floor_points(st, sv)
+    quarter = (ft[-1] - ft[0]) / 4
+    return float(fv[ft >= ft[-1] - quarter].min() - fv[ft <= ft[0] + quarter].min())

@@ -1,0 +1,7 @@
+"""``python -m vramguard_agent`` runs the ``vramguard-agent`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,224 @@
+"""Host RAM of pods and containers from the cgroup filesystem.
+
+The RAM working set is the kubelet's and cAdvisor's definition: usage minus
+inactive file-backed memory, floored at 0 —
+cgroup v2: ``memory.current`` minus ``inactive_file`` of ``memory.stat``;
+cgroup v1: ``memory.usage_in_bytes`` minus ``total_inactive_file``.
+OOM kills: ``oom_kill`` of ``memory.events`` (v2; hierarchical, so a pod's count
+includes its containers') or of ``memory.oom_control`` (v1, kernel >= 4.13;
+local to each cgroup, so a pod's count is its own plus its containers').
+
+Pod and container cgroups are found by scanning the memory hierarchy for the
+kubelet's directory names (the same names ``cgroups.parse_cgroup_path``
+recognises), which also covers kind's nesting and paths that a cgroup namespace
+hides.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Set
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .cgroups import parse_cgroup_path
+
+CgroupVersion = Literal[1, 2]
+MAX_SCAN_DEPTH = 8
+RESCAN_MIN_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMemory:
+    """One cgroup's RAM working set and OOM-kill count; None where unreadable."""
+
+    working_set_bytes: int | None
+    oom_kills: int | None
+
+
+@dataclass(slots=True)
+class PodMemory:
+    """A pod's cgroup and its containers' cgroups (keyed by 64-hex container id)."""
+
+    pod: CgroupMemory
+    containers: dict[str, CgroupMemory] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PodCgroup:
+    """Where a pod's cgroup and its containers' cgroups are (directory paths)."""
+
+    path: str
+    containers: dict[str, str] = field(default_factory=dict)
+
+
+def working_set(usage_bytes: int, inactive_file_bytes: int | None) -> int:
+    """The kubelet's working set: usage minus inactive file, floored at 0 (bytes)."""
+    return max(0, usage_bytes - (inactive_file_bytes or 0))
+
+
+def detect_version(cgroup_root: Path) -> CgroupVersion | None:
+    """2 for a unified hierarchy, 1 when a v1 memory hierarchy is mounted (also on
+    hybrid hosts, whose unified hierarchy has no memory controller), else None."""
+    if (cgroup_root / "memory").is_dir():
+        return 1
+    if (cgroup_root / "cgroup.controllers").exists():
+        return 2
+    return None
+
+
+class CgroupMemoryReader:
+    """Reads pods' and containers' RAM under ``cgroup_root`` (default /sys/fs/cgroup).
+
+    ``read(pods)`` returns a ``PodMemory`` for each pod whose cgroup was found.
+    The hierarchy is rescanned when a wanted pod or container is missing from the
+    index, at most every ``RESCAN_MIN_INTERVAL_S`` seconds (``clock`` in seconds).
+    """
+
+    def __init__(
+        self,
+        cgroup_root: str | Path = "/sys/fs/cgroup",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = Path(cgroup_root)
+        self._clock = clock
+        self._version: CgroupVersion | None = None
+        self._index: dict[str, PodCgroup] = {}
+        self._last_scan: float | None = None
+        self._oom: dict[str, int | None] = {}
+
+    @property
+    def version(self) -> CgroupVersion | None:
+        """The cgroup version under the root, detected on first use."""
+        if self._version is None:
+            self._version = detect_version(self.root)
+        return self._version
+
+    def _hierarchy(self) -> Path:
+        return self.root / "memory" if self.version == 1 else self.root
+
+    def read(self, pods: Mapping[str, Set[str]]) -> dict[str, PodMemory]:
+        """RAM of the pods in ``pods`` (pod uid → container ids expected in it).
+
+        Pods without a cgroup are left out; containers without one are absent
+        from ``PodMemory.containers``.
+        """
+        if self.version is None or not pods:
+            return {}
+        index = self._index
+        missing = any(uid not in index or not ids <= index[uid].containers.keys() for uid, ids in pods.items())
+        now = self._clock()
+        if self._last_scan is None or (missing and now - self._last_scan >= RESCAN_MIN_INTERVAL_S):
+            self._index = self.scan()
+            self._last_scan = now
+            self._oom = {}
+        result: dict[str, PodMemory] = {}
+        for uid in pods:
+            cgroup = self._index.get(uid)
+            if cgroup is not None:
+                result[uid] = self._read_pod(cgroup)
+        return result
+
+    def scan(self) -> dict[str, PodCgroup]:
+        """Index every kubelet pod cgroup under the memory hierarchy, by pod uid."""
+        index: dict[str, PodCgroup] = {}
+        stack: list[tuple[str, str, int]] = [(str(self._hierarchy()), "", 0)]
+        while stack:
+            directory, relative, depth = stack.pop()
+            for entry in _subdirectories(directory):
+                path = f"{relative}/{entry.name}"
+                found = parse_cgroup_path(path)
+                if found is None:
+                    if depth < MAX_SCAN_DEPTH:
+                        stack.append((entry.path, path, depth + 1))
+                elif found.container_id is None:
+                    index[found.pod_uid] = self._pod_cgroup(entry.path, path)
+        return index
+
+    @staticmethod
+    def _pod_cgroup(directory: str, relative: str) -> PodCgroup:
+        pod = PodCgroup(path=directory)
+        for entry in _subdirectories(directory):
+            found = parse_cgroup_path(f"{relative}/{entry.name}")
+            if found is not None and found.container_id is not None:
+                pod.containers[found.container_id] = entry.path
+        return pod
+
+    def _read_pod(self, cgroup: PodCgroup) -> PodMemory:
+        pod = self.read_cgroup(cgroup.path)
+        # On v2 a pod's oom_kill counts its containers' too: while it stands still,
+        # the containers' counts are those read last time (one file less per container).
+        unchanged = self.version == 2 and pod.oom_kills is not None and self._oom.get(cgroup.path) == pod.oom_kills
+        containers = {}
+        for cid, path in cgroup.containers.items():
+            known = self._oom.get(path) if unchanged else None
+            containers[cid] = self.read_cgroup(path, oom_kills=known)
+            self._oom[path] = containers[cid].oom_kills
+        self._oom[cgroup.path] = pod.oom_kills
+        if self.version == 1 and pod.oom_kills is not None:
+            # v1 counts OOM kills in the cgroup that hit its limit only.
+            pod = CgroupMemory(
+                pod.working_set_bytes,
+                pod.oom_kills + sum(c.oom_kills or 0 for c in containers.values()),
+            )
+        return PodMemory(pod=pod, containers=containers)
+
+    def read_cgroup(self, directory: str | Path, oom_kills: int | None = None) -> CgroupMemory:
+        """Working set and OOM kills of one cgroup directory; None for what is unreadable.
+
+        ``oom_kills``, when given, is used instead of reading the events file.
+        """
+        v2 = self.version == 2
+        usage = _read_int(f"{directory}/{'memory.current' if v2 else 'memory.usage_in_bytes'}")
+        stat = _read(f"{directory}/memory.stat")
+        ws = None
+        if usage is not None and stat is not None:
+            ws = working_set(usage, _keyed(stat, _INACTIVE_V2 if v2 else _INACTIVE_V1))
+        if oom_kills is None:
+            events = _read(f"{directory}/{'memory.events' if v2 else 'memory.oom_control'}")
+            oom_kills = None if events is None else _keyed(events, _OOM_KILL)
+        return CgroupMemory(working_set_bytes=ws, oom_kills=oom_kills)
+
+
+# "key value" lines of memory.stat, memory.events and memory.oom_control.
+_INACTIVE_V2 = re.compile(rb"(?m)^inactive_file (\d+)$")
+_INACTIVE_V1 = re.compile(rb"(?m)^total_inactive_file (\d+)$")
+_OOM_KILL = re.compile(rb"(?m)^oom_kill (\d+)$")
+
+
+def _keyed(data: bytes, pattern: re.Pattern[bytes]) -> int | None:
+    match = pattern.search(data)
+    return int(match.group(1)) if match else None
+
+
+def _subdirectories(directory: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as entries:
+            return [e for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []  # vanished while scanning
+
+
+def _read(path: str) -> bytes | None:
+    """A small pseudo-file's bytes (os.read: a sample reads hundreds of them)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_int(path: str) -> int | None:
+    data = _read(path)
+    try:
+        return None if data is None else int(data)
+    except ValueError:
+        return None

@@ -1,0 +1,427 @@
+"""Pure assembly of a ``NodeGPUUsageStatus`` from one sample.
+
+``aggregate`` sums each device's processes per pod and container (from the
+pid attributions); ``build_status`` joins that with pod names, RAM, trends and
+the previous conditions, applies the size bounds and returns the status. No
+I/O here: everything read from NVML, /proc, the cgroup filesystem or the API
+server is an argument.
+
+Formulas (documented in docs/agent.md):
+- a pod's VRAM on a device is the sum of ``usedGpuMemory`` of its processes
+  there, each pid counted once per device; unknown (None) when any of them is
+  unknown; its VRAM is the sum over devices;
+- a device's processes are incomplete when the listing failed, a process's
+  memory is unknown, or the known sum is far below ``used - reserved``:
+  short by more than ``max(MISSING_MIN_BYTES, MISSING_FRACTION * (used - reserved))``
+  (drivers 535.54/535.86 lost processes; a container without the host PID
+  namespace sees an empty list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from vramguard_api import conditions as C
+from vramguard_api.meta import Condition
+from vramguard_api.trend import TrendFeatures
+from vramguard_api.usage import (
+    MAX_DEVICES,
+    MAX_PODS,
+    MAX_UNATTRIBUTED,
+    AgentInfo,
+    ContainerUsage,
+    DeviceMemory,
+    DeviceUsage,
+    GPUDevice,
+    NodeGPUUsageStatus,
+    PodUsage,
+    UnattributedProcess,
+)
+
+from .cgroups import Attribution, NotInPod
+from .gpu import DeviceSample, GPUSample
+from .memory import CgroupMemory, PodMemory
+from .pods import PodMeta
+
+GIB = 1024**3
+MISSING_MIN_BYTES = 1 * GIB
+MISSING_FRACTION = 0.2
+MAX_CONTAINERS = 64
+MAX_MESSAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Size bounds of one report (the API model's maxima by default)."""
+
+    max_pods: int = MAX_PODS
+    max_unattributed: int = MAX_UNATTRIBUTED
+    max_devices: int = MAX_DEVICES
+    max_containers: int = MAX_CONTAINERS
+
+
+DEFAULT_BOUNDS = Bounds()
+
+
+@dataclass(slots=True)
+class PodVRAM:
+    """One pod's VRAM in a sample, keyed by its cgroup uid (a static pod's config hash).
+
+    ``devices`` and ``containers[cid]`` map device UUID → bytes (None: unknown).
+    Processes in the pod's cgroup but in no container count for the pod only.
+    """
+
+    cgroup_uid: str
+    qos: str | None
+    devices: dict[str, int | None] = field(default_factory=dict)
+    containers: dict[str, dict[str, int | None]] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int | None:
+        """VRAM over all devices, bytes; None when any part is unknown."""
+        return _sum(self.devices.values())
+
+    def add(self, device: str, container_id: str | None, used: int | None) -> None:
+        """Add one process's usage on ``device``."""
+        _accumulate(self.devices, device, used)
+        if container_id is not None:
+            _accumulate(self.containers.setdefault(container_id, {}), device, used)
+
+
+@dataclass(slots=True)
+class Aggregation:
+    """The per-pod and per-device sums of one sample."""
+
+    pods: dict[str, PodVRAM] = field(default_factory=dict)
+    unattributed: list[UnattributedProcess] = field(default_factory=list)
+    process_bytes: dict[str, int | None] = field(default_factory=dict)
+    complete: dict[str, bool] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    short: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def listing_failed(self) -> bool:
+        """True when some device's processes could not be listed."""
+        return bool(self.problems)
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    total = 0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
+
+
+def _accumulate(target: dict[str, int | None], key: str, used: int | None) -> None:
+    if key in target:
+        prev = target[key]
+        target[key] = None if prev is None or used is None else prev + used
+    else:
+        target[key] = used
+
+
+def processes_short(memory_used: int, memory_reserved: int | None, process_sum: int) -> bool:
+    """True when the known process sum is far below ``used - reserved`` (see module doc)."""
+    expected = max(0, memory_used - (memory_reserved or 0))
+    return expected - process_sum > max(MISSING_MIN_BYTES, MISSING_FRACTION * expected)
+
+
+def aggregate(sample: GPUSample | None, attributions: Mapping[int, Attribution | NotInPod]) -> Aggregation:
+    """Sum the sample's processes per pod, container and device.
+
+    ``attributions`` maps host pid → attribution; a pid absent from it (the
+    process exited before its cgroup was read) is left out of the pods and the
+    unattributed list, though its memory still counts in the device's sum.
+    """
+    result = Aggregation()
+    if sample is None:
+        return result
+    for device in sample.devices:
+        if device.mig_enabled or device.health != "Healthy":
+            continue  # MIG parents are summed from their MIG devices below
+        _aggregate_device(device, attributions, result)
+    for parent in (d for d in sample.devices if d.mig_enabled and d.health == "Healthy"):
+        children = [d.uuid for d in sample.devices if d.parent_uuid == parent.uuid]
+        result.process_bytes[parent.uuid] = _sum(result.process_bytes.get(c) for c in children)
+        result.complete[parent.uuid] = all(result.complete.get(c, False) for c in children)
+    return result
+
+
+def _aggregate_device(
+    device: DeviceSample, attributions: Mapping[int, Attribution | NotInPod], result: Aggregation
+) -> None:
+    uuid = device.uuid
+    if device.processes is None:
+        result.process_bytes[uuid] = None
+        result.complete[uuid] = False
+        result.problems[uuid] = f"processes unknown ({device.process_error or 'listing failed'})"
+        return
+    known = sum(p.used_bytes or 0 for p in device.processes)
+    unknown = any(p.used_bytes is None for p in device.processes)
+    result.process_bytes[uuid] = None if unknown else known
+    complete = not unknown and device.process_error is None
+    if device.process_error:
+        result.problems[uuid] = device.process_error
+    # Unknown is not missing: the cross-check needs every process's figure.
+    memory = device.memory
+    if not unknown and memory is not None and processes_short(memory.used, memory.reserved, known):
+        complete = False
+        result.short[uuid] = (
+            f"process sum {known} B is far below used {memory.used} B minus reserved {memory.reserved or 0} B"
+        )
+    result.complete[uuid] = complete
+    for process in device.processes:
+        found = attributions.get(process.pid)
+        if found is None:
+            continue
+        if isinstance(found, NotInPod):
+            result.unattributed.append(
+                UnattributedProcess(
+                    pid=process.pid,
+                    device=uuid,
+                    usedBytes=process.used_bytes,
+                    reason=found.reason[:256],
+                )
+            )
+            continue
+        pod = result.pods.get(found.pod_uid)
+        if pod is None:
+            pod = result.pods[found.pod_uid] = PodVRAM(cgroup_uid=found.pod_uid, qos=found.qos)
+        pod.add(uuid, found.container_id, process.used_bytes)
+
+
+# --- status ----------------------------------------------------------------
+
+
+def build_devices(sample: GPUSample | None, agg: Aggregation) -> list[GPUDevice]:
+    """The report's device list, MIG devices after their parent."""
+    if sample is None:
+        return []
+    return [_device(d, agg) for d in sample.devices]
+
+
+def _device(d: DeviceSample, agg: Aggregation) -> GPUDevice:
+    memory = None
+    if d.memory is not None:
+        memory = DeviceMemory(
+            totalBytes=d.memory.total,
+            reservedBytes=d.memory.reserved,
+            usedBytes=d.memory.used,
+            freeBytes=d.memory.free,
+            usableBytes=d.memory.usable,
+        )
+    healthy = d.health == "Healthy"
+    return GPUDevice(
+        uuid=d.uuid[:128],
+        index=d.index,
+        modelName=(d.model_name or None) and d.model_name[:128],
+        parentUUID=d.parent_uuid,
+        migProfile=d.mig_profile,
+        gpuInstanceId=d.gpu_instance_id,
+        computeInstanceId=d.compute_instance_id,
+        migEnabled=d.mig_enabled,
+        virtualizationMode=d.virtualization_mode,
+        memory=memory,
+        processBytes=agg.process_bytes.get(d.uuid) if healthy else None,
+        processesComplete=agg.complete.get(d.uuid, False) if healthy else False,
+        health=d.health,
+        error=(d.error or None) and d.error[:1024],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodInputs:
+    """Everything besides the GPU sample that a pod entry is built from.
+
+    ``pods`` maps a cgroup uid (API uid, or static pod config hash) to the pod's
+    API metadata; ``memory`` and ``trends`` are keyed by cgroup uid too;
+    ``gpu_pods`` are cgroup uids of pods that use a GPU but have no process now;
+    ``container_names`` adds names for container ids the API does not show.
+    """
+
+    pods: Mapping[str, PodMeta] = field(default_factory=dict)
+    memory: Mapping[str, PodMemory] = field(default_factory=dict)
+    trends: Mapping[str, TrendFeatures] = field(default_factory=dict)
+    gpu_pods: Iterable[str] = ()
+    container_names: Mapping[str, str] = field(default_factory=dict)
+
+
+def build_pods(agg: Aggregation, inputs: PodInputs) -> list[PodUsage]:
+    """One ``PodUsage`` per attributed pod and per idle GPU pod (unbounded; see ``bound``)."""
+    entries: list[PodUsage] = []
+    idle = [uid for uid in dict.fromkeys(inputs.gpu_pods) if uid not in agg.pods]
+    for uid in [*agg.pods, *idle]:
+        entries.append(_pod(uid, agg.pods.get(uid), agg.listing_failed, inputs))
+    return entries
+
+
+def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs) -> PodUsage:
+    meta = inputs.pods.get(uid)
+    ram = inputs.memory.get(uid)
+    if vram is None:
+        # A GPU pod with no process: zero, unless some device could not be listed.
+        total: int | None = None if listing_failed else 0
+        devices: list[DeviceUsage] = []
+    else:
+        total = vram.total
+        devices = [DeviceUsage(uuid=u, usedBytes=b) for u, b in vram.devices.items()]
+    containers = _containers(vram, ram, meta, inputs.container_names, total is None)
+    qos = (meta.qos_class if meta else None) or (vram.qos if vram else None)
+    return PodUsage(
+        uid=meta.uid if meta else uid,
+        namespace=meta.namespace if meta else None,
+        name=meta.name if meta else None,
+        qosClass=qos,
+        attribution="Unknown" if total is None else "Measured",
+        vramBytes=total,
+        ramWorkingSetBytes=ram.pod.working_set_bytes if ram else None,
+        oomKills=ram.pod.oom_kills if ram else None,
+        devices=devices,
+        containers=containers,
+        trend=inputs.trends.get(uid),
+    )
+
+
+def _containers(
+    vram: PodVRAM | None,
+    ram: PodMemory | None,
+    meta: PodMeta | None,
+    extra_names: Mapping[str, str],
+    pod_unknown: bool,
+) -> list[ContainerUsage]:
+    by_device = vram.containers if vram else {}
+    ram_by_id: Mapping[str, CgroupMemory] = ram.containers if ram else {}
+    names = meta.containers if meta else {}
+    result = []
+    for cid in dict.fromkeys([*by_device, *ram_by_id]):
+        devices = by_device.get(cid)
+        vram_bytes = _sum(devices.values()) if devices else (None if pod_unknown else 0)
+        memory = ram_by_id.get(cid)
+        result.append(
+            ContainerUsage(
+                name=names.get(cid) or extra_names.get(cid),
+                containerID=cid,
+                vramBytes=vram_bytes,
+                ramWorkingSetBytes=memory.working_set_bytes if memory else None,
+                oomKills=memory.oom_kills if memory else None,
+            )
+        )
+    return result
+
+
+def _usage_key(pod: PodUsage) -> tuple[int, int, int]:
+    # Unknown VRAM first (never hide what cannot be measured), then by VRAM, then RAM.
+    return (
+        0 if pod.vram_bytes is None else 1,
+        -(pod.vram_bytes or 0),
+        -(pod.ram_working_set_bytes or 0),
+    )
+
+
+def bound(
+    pods: list[PodUsage],
+    unattributed: list[UnattributedProcess],
+    devices: list[GPUDevice],
+    bounds: Bounds,
+) -> tuple[list[PodUsage], list[UnattributedProcess], list[GPUDevice], bool]:
+    """Cut the lists to their bounds, keeping the largest users; sort them stably.
+
+    Returns the lists and whether anything was cut.
+    """
+    truncated = False
+    if len(pods) > bounds.max_pods:
+        pods, truncated = sorted(pods, key=_usage_key)[: bounds.max_pods], True
+    for pod in pods:
+        if len(pod.containers) > bounds.max_containers:
+            pod.containers = sorted(pod.containers, key=lambda c: -(c.vram_bytes or 0))[: bounds.max_containers]
+            truncated = True
+    if len(unattributed) > bounds.max_unattributed:
+        unattributed = sorted(unattributed, key=lambda u: -(u.used_bytes or 0))[: bounds.max_unattributed]
+        truncated = True
+    if len(devices) > bounds.max_devices:
+        devices, truncated = devices[: bounds.max_devices], True
+    pods = sorted(pods, key=lambda p: (p.namespace or "~", p.name or "", p.uid))
+    for pod in pods:
+        pod.containers.sort(key=lambda c: (c.name or "~", c.container_id))
+    unattributed = sorted(unattributed, key=lambda u: (u.device, u.pid))
+    return pods, unattributed, devices, truncated
+
+
+# --- conditions ------------------------------------------------------------
+
+
+def build_conditions(
+    sample: GPUSample | None,
+    backend_error: str | None,
+    agg: Aggregation,
+    now: datetime,
+    previous: Iterable[Condition] | None = None,
+) -> list[Condition]:
+    """AgentHealthy and ProcessesMissing, keeping lastTransitionTime while a status holds."""
+    if backend_error is not None or sample is None:
+        healthy = ("False", C.REASON_NVML_UNAVAILABLE, backend_error or "no GPU sample")
+    else:
+        bad = [f"{d.uuid}: {d.health} ({d.error})" for d in sample.devices if d.health != "Healthy"]
+        if bad:
+            healthy = ("False", C.REASON_DEVICE_ERRORS, "; ".join(bad))
+        else:
+            healthy = ("True", C.REASON_SAMPLING, f"sampled {len(sample.devices)} devices")
+    if agg.short:
+        missing = ("True", C.REASON_PROCESS_SUM_BELOW_USED, _join({**agg.short, **agg.problems}))
+    elif agg.problems:
+        missing = ("True", C.REASON_DEVICE_ERRORS, _join(agg.problems))
+    else:
+        missing = (
+            "False",
+            C.REASON_PROCESSES_COMPLETE,
+            "process sums match used memory on every device",
+        )
+    old = {c.type: c for c in previous or []}
+    return [
+        _condition(C.AGENT_HEALTHY, *healthy, now=now, old=old.get(C.AGENT_HEALTHY)),
+        _condition(C.PROCESSES_MISSING, *missing, now=now, old=old.get(C.PROCESSES_MISSING)),
+    ]
+
+
+def _join(messages: Mapping[str, str]) -> str:
+    return "; ".join(f"{uuid}: {text}" for uuid, text in sorted(messages.items()))
+
+
+def _condition(kind: str, status: str, reason: str, message: str, now: datetime, old: Condition | None) -> Condition:
+    since = old.last_transition_time if old is not None and old.status == status else now
+    return Condition(
+        type=kind,
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        message=message[:MAX_MESSAGE],
+        lastTransitionTime=since,
+    )
+
+
+def build_status(
+    sample: GPUSample | None,
+    backend_error: str | None,
+    agg: Aggregation,
+    inputs: PodInputs,
+    agent: AgentInfo,
+    now: datetime,
+    previous_conditions: Iterable[Condition] | None = None,
+    bounds: Bounds = DEFAULT_BOUNDS,
+) -> NodeGPUUsageStatus:
+    """The node's report for one sample (see the module docstring)."""
+    pods, unattributed, devices, truncated = bound(
+        build_pods(agg, inputs), list(agg.unattributed), build_devices(sample, agg), bounds
+    )
+    return NodeGPUUsageStatus(
+        sampleTime=now,
+        agent=agent,
+        conditions=build_conditions(sample, backend_error, agg, now, previous_conditions),
+        devices=devices,
+        pods=pods,
+        unattributed=unattributed,
+        truncated=truncated,
+    )

@@ -1,0 +1,170 @@
+"""One sample of the node: GPU backend → pid attribution → RAM → history → report.
+
+``Sampler.sample()`` does the I/O (NVML through the backend, ``/proc/<pid>/cgroup``,
+the cgroup filesystem) and hands the figures to the pure functions of
+``report``. Attributions are cached per pid while the pid keeps appearing in
+NVML's lists (a process does not change pods; a pid reused by a new GPU
+process between two samples of the same device is the accepted blind spot),
+so a steady node reads /proc only for new processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from vramguard_api.meta import Condition
+from vramguard_api.usage import AgentInfo, NodeGPUUsageStatus
+
+from . import __version__
+from .cgroups import Attribution, NotInPod, attribute_pid
+from .gpu import BackendUnavailable, GPUBackend, GPUSample
+from .history import HistoryStore
+from .memory import CgroupMemoryReader
+from .metrics import ContainerDeviceUsage
+from .pods import PodMeta
+from .report import DEFAULT_BOUNDS, Aggregation, Bounds, PodInputs, aggregate, build_status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SampleResult:
+    """A sample's report, plus what the metrics need beyond it."""
+
+    status: NodeGPUUsageStatus
+    container_devices: list[ContainerDeviceUsage] = field(default_factory=list)
+    backend_error: str | None = None
+
+
+class Sampler:
+    """Takes samples of one node.
+
+    ``pods`` returns the node's pods from the API keyed by uid and static-pod
+    config hash (``PodIndex.snapshot``); ``container_names`` returns extra
+    container id → name pairs (the simulated backend's); ``wall_clock`` gives
+    Unix seconds for sample times and histories. ``cache_key`` returns a value
+    whose change clears the attribution cache (the simulated host can move a pid
+    to another cgroup; a real host cannot).
+    """
+
+    def __init__(
+        self,
+        backend: GPUBackend,
+        proc_root: str | Path = "/proc",
+        memory: CgroupMemoryReader | None = None,
+        history: HistoryStore | None = None,
+        pods: Callable[[], Mapping[str, PodMeta]] = dict,
+        container_names: Callable[[], Mapping[str, str]] = dict,
+        sample_interval_s: float = 10.0,
+        bounds: Bounds = DEFAULT_BOUNDS,
+        wall_clock: Callable[[], float] = time.time,
+        cache_key: Callable[[], object] = lambda: None,
+        history_clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.proc_root = Path(proc_root)
+        # "is None", not "or": an empty store is falsy (it has a length).
+        self.memory = memory if memory is not None else CgroupMemoryReader()
+        self.history = history if history is not None else HistoryStore()
+        self.pods = pods
+        self.container_names = container_names
+        self.sample_interval_s = sample_interval_s
+        self.bounds = bounds
+        self.wall_clock = wall_clock
+        self.history_clock = history_clock or wall_clock
+        self.cache_key = cache_key
+        self._cache_key: object = None
+        self._attributions: dict[int, Attribution | NotInPod] = {}
+        self._conditions: list[Condition] | None = None
+        self._invisible = 0
+
+    def sample(self) -> SampleResult:
+        """Take one sample and build the node's status."""
+        now = datetime.fromtimestamp(int(self.wall_clock()), tz=UTC)
+        history_s = self.history_clock()
+        gpu, error = self._gpu()
+        attributions = self.attribute(gpu)
+        agg = aggregate(gpu, attributions)
+        pods = self.pods()
+        gpu_pods = [uid for uid, meta in pods.items() if meta.gpu and uid == (meta.config_hash or meta.uid)]
+        wanted: dict[str, set[str]] = {uid: set() for uid in gpu_pods}
+        for uid, vram in agg.pods.items():
+            wanted.setdefault(uid, set()).update(vram.containers)
+        memory = self.memory.read(wanted)
+        # A GPU pod without a process holds 0 (kept: the leak detector reads zeros as restarts).
+        idle = None if agg.listing_failed else 0
+        vram_now = {uid: idle for uid in gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
+        self.history.add(history_s, vram_now)
+        names = self.container_names()
+        inputs = PodInputs(
+            pods=pods,
+            memory=memory,
+            trends=self.history.trends(vram_now, history_s),
+            gpu_pods=gpu_pods,
+            container_names=names,
+        )
+        agent = AgentInfo(
+            version=__version__,
+            backend=self.backend.name,
+            sampleIntervalSeconds=self.sample_interval_s,
+            driverVersion=gpu.driver_version if gpu else None,
+        )
+        status = build_status(gpu, error, agg, inputs, agent, now, self._conditions, self.bounds)
+        self._conditions = status.conditions
+        return SampleResult(status, container_devices(agg, pods, names), error)
+
+    def _gpu(self) -> tuple[GPUSample | None, str | None]:
+        try:
+            return self.backend.sample(), None
+        except BackendUnavailable as err:
+            return None, str(err)
+
+    def attribute(self, gpu: GPUSample | None) -> dict[int, Attribution | NotInPod]:
+        """Attribution of every pid in the sample (pids that are gone are left out).
+
+        When every pid is missing from the proc root, the agent does not see the
+        host's PID namespace: those processes are reported as unattributed with
+        that reason instead of vanishing.
+        """
+        pids = {p.pid for d in gpu.devices for p in d.processes or []} if gpu else set()
+        key = self.cache_key()
+        if key != self._cache_key:
+            self._attributions, self._cache_key = {}, key
+        cache = {pid: a for pid, a in self._attributions.items() if pid in pids}
+        gone: list[int] = []
+        for pid in pids - cache.keys():
+            try:
+                cache[pid] = attribute_pid(pid, self.proc_root)
+            except FileNotFoundError:
+                gone.append(pid)  # exited since NVML listed it
+            except OSError as err:
+                cache[pid] = NotInPod(f"cannot read {self.proc_root}/{pid}/cgroup: {err.strerror or err}")
+        self._attributions = cache
+        # Every pid missing twice running: not exits, but a PID namespace that hides the host's.
+        self._invisible = self._invisible + 1 if gone and len(gone) == len(pids) else 0
+        result = dict(cache)
+        if self._invisible >= 2:
+            reason = f"pid not found under {self.proc_root}: the agent needs hostPID or the host's /proc"
+            result.update({pid: NotInPod(reason) for pid in gone})
+        return result
+
+
+def container_devices(
+    agg: Aggregation, pods: Mapping[str, PodMeta], extra_names: Mapping[str, str]
+) -> list[ContainerDeviceUsage]:
+    """Known per-container, per-device VRAM with pod and container names, for metrics."""
+    result = []
+    for uid, vram in agg.pods.items():
+        meta = pods.get(uid)
+        namespace, pod = (meta.namespace, meta.name) if meta else ("", uid)
+        for cid, devices in vram.containers.items():
+            name = (meta.containers.get(cid) if meta else None) or extra_names.get(cid) or cid[:12]
+            for device, used in devices.items():
+                if used is not None:
+                    result.append(ContainerDeviceUsage(namespace, pod, name, device, used))
+    return result

@@ -1,0 +1,330 @@
+"""Real-GPU check of the agent's NVML backend (run by hack/gpu-check.sh).
+
+A child process holds a known amount of device memory, through the first of
+torch, cupy, pycuda, numba that is installed, else through ctypes calls to
+libcudart (cudaMalloc) or libcuda (cuMemAlloc). ``vramguard-agent once
+--backend nvml`` runs before and while it holds it, and the figures are
+printed side by side with raw NVML's, then checked:
+
+- the holder's pid is in the agent's report, on the device it allocated on;
+- the agent's figure for it equals raw NVML's and is at least the requested size,
+  the excess (CUDA context, allocator pools) below ``--max-overhead-mib``;
+- the device's used memory grew by about the holder's usage;
+- no ProcessesMissing condition, the device is Healthy.
+
+Exit status: 0 all checks pass, 1 a check failed, 2 no GPU / NVML / CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+HOLDERS = ("torch", "cupy", "pycuda", "numba", "ctypes")
+
+
+# --- the holder (child process) ------------------------------------------------------
+
+
+def hold(method: str, device: int, size: int) -> None:
+    """Allocate ``size`` bytes on CUDA device ``device``, say READY, wait for stdin to close."""
+    keep = ALLOCATORS[method](device, size)
+    print(f"READY {os.getpid()} {method}", flush=True)
+    sys.stdin.read()
+    del keep
+
+
+def _torch(device: int, size: int) -> Any:
+    import torch
+
+    return torch.empty(size, dtype=torch.uint8, device=f"cuda:{device}")
+
+
+def _cupy(device: int, size: int) -> Any:
+    import cupy
+
+    cupy.cuda.Device(device).use()
+    return cupy.empty(size, dtype=cupy.uint8)
+
+
+def _pycuda(device: int, size: int) -> Any:
+    import pycuda.driver as cuda
+
+    cuda.init()
+    context = cuda.Device(device).make_context()
+    return context, cuda.mem_alloc(size)
+
+
+def _numba(device: int, size: int) -> Any:
+    import numpy as np
+    from numba import cuda
+
+    cuda.select_device(device)
+    return cuda.device_array(size, dtype=np.uint8)
+
+
+def _load(names: list[str]) -> ctypes.CDLL | None:
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def _cudart_candidates() -> list[str]:
+    """libcudart from the loader's path, then from pip's nvidia-cuda-runtime wheels."""
+    names = [p for p in [ctypes.util.find_library("cudart")] if p]
+    names += ["libcudart.so", "libcudart.so.12", "libcudart.so.11.0"]
+    for entry in sys.path:
+        names += sorted(str(p) for p in Path(entry).glob("nvidia/cuda_runtime/lib/libcudart.so*"))
+    return names
+
+
+def _ctypes(device: int, size: int) -> Any:
+    """cudaMalloc through libcudart, else cuMemAlloc through the driver API (libcuda)."""
+    pointer = ctypes.c_void_p()
+    runtime = _load(_cudart_candidates())
+    if runtime is not None:
+        _cuda_check(runtime.cudaSetDevice(device), "cudaSetDevice")
+        _cuda_check(runtime.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(size)), "cudaMalloc")
+        return runtime, pointer
+    driver = _load([p for p in [ctypes.util.find_library("cuda")] if p] + ["libcuda.so.1", "libcuda.so"])
+    if driver is None:
+        raise RuntimeError("neither libcudart nor libcuda could be loaded")
+    handle, context = ctypes.c_int(), ctypes.c_void_p()
+    _cuda_check(driver.cuInit(0), "cuInit")
+    _cuda_check(driver.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
+    _cuda_check(driver.cuCtxCreate_v2(ctypes.byref(context), 0, handle), "cuCtxCreate_v2")
+    _cuda_check(driver.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)), "cuMemAlloc_v2")
+    return driver, context, pointer
+
+
+def _cuda_check(code: int, call: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{call} failed with CUDA error {code}")
+
+
+ALLOCATORS = {"torch": _torch, "cupy": _cupy, "pycuda": _pycuda, "numba": _numba, "ctypes": _ctypes}
+
+
+def available_holder() -> str:
+    """The first CUDA-capable package that imports, else ctypes."""
+    for module in ("torch", "cupy", "pycuda.driver", "numba.cuda"):
+        try:
+            __import__(module)
+        except Exception:  # noqa: BLE001 - any import failure means "not usable here"
+            continue
+        return module.split(".")[0]
+    return "ctypes"
+
+
+# --- the check (parent) --------------------------------------------------------------
+
+
+def agent_once(agent: list[str], node: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [*agent, "once", "--backend", "nvml", "--node", node], capture_output=True, text=True, timeout=300
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"vramguard-agent once failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout)
+
+
+def raw_nvml(pid: int) -> dict[str, int | None]:
+    """Raw NVML per-device usage of ``pid`` (UUID → bytes), independent of the agent."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        found: dict[str, int | None] = {}
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(index)]
+            try:
+                if pynvml.nvmlDeviceGetMigMode(handles[0])[0] == 1:
+                    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handles[0])):
+                        try:
+                            handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handles[0], slot))
+                        except pynvml.NVMLError:
+                            continue
+            except pynvml.NVMLError:
+                pass
+            for handle in handles:
+                try:
+                    processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                except pynvml.NVMLError:
+                    continue
+                for p in processes:
+                    if p.pid == pid:
+                        found[pynvml.nvmlDeviceGetUUID(handle)] = p.usedGpuMemory
+        return found
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def pid_usage(status: dict[str, Any], pid: int) -> list[dict[str, Any]]:
+    """The agent's unattributed entries for ``pid`` (a process on a bare host)."""
+    return [u for u in status.get("unattributed", []) if u["pid"] == pid]
+
+
+def pod_device_usage(status: dict[str, Any], pod_uid: str) -> dict[str, int]:
+    """A pod's VRAM per device in a report (the check run inside a pod)."""
+    for pod in status.get("pods", []):
+        if pod["uid"] == pod_uid:
+            return {d["uuid"]: d.get("usedBytes") or 0 for d in pod.get("devices", [])}
+    return {}
+
+
+def device_used(status: dict[str, Any]) -> dict[str, int]:
+    return {d["uuid"]: (d.get("memory") or {}).get("usedBytes", 0) for d in status.get("devices", [])}
+
+
+def mib(value: float | None) -> str:
+    return "       -" if value is None else f"{value / MIB:8.1f}"
+
+
+def check(args: argparse.Namespace) -> int:
+    agent = [shutil.which("vramguard-agent", path=str(Path(sys.executable).parent)) or ""]
+    if not agent[0]:
+        agent = [sys.executable, "-m", "vramguard_agent"]
+    node = args.node or socket.gethostname()
+    try:
+        before = agent_once(agent, node)
+    except Exception as err:  # noqa: BLE001 - report and stop
+        print(f"cannot run the agent with the NVML backend: {err}")
+        return 2
+    healthy = {c["type"]: c for c in before.get("conditions", [])}.get("AgentHealthy", {})
+    if not before.get("devices"):
+        print(f"no GPU seen by the agent: {healthy.get('reason')}: {healthy.get('message')}")
+        return 2
+    method = args.holder if args.holder != "auto" else available_holder()
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA's device index = NVML's
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--hold", method, "--device", str(args.device), "--mib", str(args.mib)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert child.stdout is not None and child.stdin is not None
+    line = child.stdout.readline().split()
+    if not line or line[0] != "READY":
+        print(
+            f"the {method} holder could not allocate {args.mib} MiB: {child.stderr.read()[-3000:] if child.stderr else ''}"
+        )
+        child.kill()
+        return 2
+    pid = int(line[1])
+    try:
+        time.sleep(args.settle)
+        during = agent_once(agent, node)
+        raw = raw_nvml(pid)
+        attribution = subprocess.run([*agent, "attribute", str(pid)], capture_output=True, text=True, timeout=60)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    return report(args, method, pid, before, during, raw, attribution.stdout.strip() or attribution.stderr.strip())
+
+
+def report(
+    args: argparse.Namespace,
+    method: str,
+    pid: int,
+    before: dict[str, Any],
+    during: dict[str, Any],
+    raw: dict[str, int | None],
+    attribution: str,
+) -> int:
+    requested = args.mib * MIB
+    listed = pid_usage(during, pid)
+    device = listed[0]["device"] if listed else next(iter(raw), None)
+    measured = listed[0].get("usedBytes") if listed else None
+    try:
+        pod_uid = json.loads(attribution).get("pod_uid")
+    except ValueError:
+        pod_uid = None
+    if pod_uid and device:
+        # Inside a pod the report sums by pod: the holder is the pod's growth on the device.
+        grown = pod_device_usage(during, pod_uid).get(device, 0) - pod_device_usage(before, pod_uid).get(device, 0)
+        listed, measured = [{"device": device}], grown
+    raw_bytes = raw.get(device) if device else None
+    used0, used1 = device_used(before).get(device or "", 0), device_used(during).get(device or "", 0)
+    info = next((d for d in during.get("devices", []) if d["uuid"] == device), {})
+    memory = info.get("memory") or {}
+    conditions = {c["type"]: c for c in during.get("conditions", [])}
+    print(
+        f"\nvramguard GPU check on {socket.gethostname()}: {info.get('modelName', '?')}, driver "
+        f"{(during.get('agent') or {}).get('driverVersion')}, agent {(during.get('agent') or {}).get('version')}"
+        f"\nholder: {method}, pid {pid}, {args.mib} MiB requested on CUDA device {args.device} -> {device}"
+        + "".join(
+            f"\n  {label:<42}{value}"
+            for label, value in [
+                ("", "     MiB"),
+                ("expected: requested allocation", mib(requested)),
+                ("measured: agent, the holder's usage", mib(measured)),
+                ("measured: raw NVML, the holder's usage", mib(raw_bytes)),
+                ("overhead (CUDA context, pools)", mib(None if measured is None else measured - requested)),
+                ("device used before", mib(used0)),
+                ("device used during", mib(used1)),
+                ("device used delta", mib(used1 - used0)),
+                ("device total", mib(memory.get("totalBytes"))),
+                ("device reserved", mib(memory.get("reservedBytes"))),
+                ("device usable (total - reserved)", mib(memory.get("usableBytes"))),
+            ]
+        )
+        + f"\n  attribution of pid {pid}: {attribution}"
+    )
+    checks = [
+        (f"holder pid {pid} in the agent's report ({'in its pod' if pod_uid else 'unattributed'})", bool(listed)),
+        ("agent figure equals raw NVML", measured is not None and measured == raw_bytes),
+        ("measured >= requested", measured is not None and measured >= requested),
+        (
+            f"overhead below {args.max_overhead_mib} MiB",
+            measured is not None and measured - requested < args.max_overhead_mib * MIB,
+        ),
+        (
+            "device used grew by the holder's usage (within 10% or 256 MiB)",
+            measured is not None and abs((used1 - used0) - measured) <= max(256 * MIB, 0.1 * measured),
+        ),
+        ("device Healthy", info.get("health") == "Healthy"),
+        ("ProcessesMissing is False", conditions.get("ProcessesMissing", {}).get("status") == "False"),
+    ]
+    print("\nchecks:")
+    for name, ok in checks:
+        print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
+    if not listed:
+        print(
+            "  note: NVML reports host PIDs; inside a container without hostPID the holder's pid differs "
+            "from NVML's (compare the device used delta above)."
+        )
+    passed = all(ok for _, ok in checks)
+    print(f"\nRESULT: {'PASS' if passed else 'FAIL'}")
+    return 0 if passed else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=1024, help="device memory to hold, MiB (default 1024)")
+    parser.add_argument("--device", type=int, default=0, help="CUDA device index, PCI bus order (default 0)")
+    parser.add_argument("--holder", choices=["auto", *HOLDERS], default="auto", help="how to allocate")
+    parser.add_argument("--node", default=None, help="node name for the report (default: hostname)")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds to wait after allocating")
+    parser.add_argument("--max-overhead-mib", type=int, default=2048, help="accepted context + pool overhead")
+    parser.add_argument("--hold", choices=HOLDERS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.hold:
+        hold(args.hold, args.device, args.mib * MIB)
+        return 0
+    return check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""Escalation state: the ladder, and the records persisted on pods and budgets.
+
+A violation's record (``ViolationRecord``) is read back at every evaluation
+from two places and merged, so that a restart between an action and a status
+write neither forgets a violation nor repeats a step:
+
+- the budget's ``status.violations`` (every violation, including pending ones
+  and those of DryRun budgets);
+- the pod annotation ``vramguard.io/violations`` (Enforce only: every open
+  violation that reached a step on that pod, written together with the action).
+
+Merging keeps the earliest ``since``/``openedAt`` and the furthest step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from vramguard_api.budget import ACTIONS, Action, GPUMemoryBudget, GPUMemoryBudgetSpec
+
+from .engine_types import ViolationKey, ViolationRecord
+
+TOTAL_KINDS = frozenset({"TotalVRAM", "TotalRAM"})
+_KINDS = frozenset({"PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak"})
+
+
+@dataclass(frozen=True, slots=True)
+class LadderStep:
+    """One rung: the action, its delay after the violation opened (seconds;
+    ``inf`` for a leak's Evict that only the exhaustion projection brings
+    forward) and, for Throttle, the CPU limit to set."""
+
+    action: Action
+    after_seconds: float
+    cpu_limit: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """The escalation ladder of a budget, ordered Annotate, Throttle, Evict."""
+
+    steps: tuple[LadderStep, ...]
+
+    def next_after(self, step: Action | None) -> LadderStep | None:
+        """The first rung after ``step`` (the first rung when ``step`` is None)."""
+        rank = step_rank(step)
+        for rung in self.steps:
+            if step_rank(rung.action) > rank:
+                return rung
+        return None
+
+    def rung(self, action: Action) -> LadderStep | None:
+        """The rung for ``action``, if the ladder has one."""
+        return next((r for r in self.steps if r.action == action), None)
+
+
+def step_rank(step: Action | None) -> int:
+    """Position of ``step`` along Annotate < Throttle < Evict; -1 for None."""
+    return -1 if step is None else ACTIONS.index(step)
+
+
+def ladder_of(spec: GPUMemoryBudgetSpec, default_cpu: str, leak: bool = False) -> Ladder:
+    """The ladder of a budget spec. For ``leak`` with ``evictBefore`` set and no
+    Evict rung, an Evict rung with an infinite delay is added: only the
+    projected exhaustion makes it due."""
+    steps = [
+        LadderStep(
+            s.action,
+            s.after_seconds(),
+            (s.cpu_limit or default_cpu) if s.action == "Throttle" else None,
+        )
+        for s in spec.enforcement.escalation
+    ]
+    ld = spec.leak_detection
+    if leak and ld is not None and ld.evict_before is not None and all(s.action != "Evict" for s in steps):
+        steps.append(LadderStep("Evict", math.inf))
+    return Ladder(tuple(steps))
+
+
+# --- time ------------------------------------------------------------------------
+
+
+def whole_seconds(t: datetime) -> datetime:
+    """``t`` in UTC, truncated to whole seconds (metav1.Time's resolution), so
+    that state survives a round trip through the API unchanged.
+
+    Raises ``ValueError`` for a naive datetime (the engine needs UTC)."""
+    if t.tzinfo is None:
+        raise ValueError(f"now: naive datetime {t.isoformat()} (want timezone-aware UTC)")
+    return t.astimezone(UTC).replace(microsecond=0)
+
+
+def format_time(t: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``: ``2024-05-01T10:00:00Z``."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(value: Any, field: str) -> datetime:
+    if not isinstance(value, str):
+        raise ValueError(f"{field}: want an RFC 3339 time, got {value!r}")
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{field}: invalid RFC 3339 time {value!r}") from None
+    return whole_seconds(t if t.tzinfo else t.replace(tzinfo=UTC))
+
+
+# --- the pod annotation ------------------------------------------------------------
+
+
+def record_to_json(rec: ViolationRecord) -> dict[str, Any]:
+    """One record as the pod annotation stores it (the pod is the annotated one
+    for per-pod kinds, none for totals)."""
+    out: dict[str, Any] = {
+        "budget": rec.key.budget,
+        "budgetUID": rec.budget_uid,
+        "kind": rec.key.kind,
+    }
+    if rec.key.device is not None:
+        out["device"] = rec.key.device
+    out["since"] = format_time(rec.since)
+    if rec.opened_at is not None:
+        out["openedAt"] = format_time(rec.opened_at)
+    if rec.step is not None:
+        out["step"] = rec.step
+    if rec.step_time is not None:
+        out["stepTime"] = format_time(rec.step_time)
+    if rec.observed_bytes is not None:
+        out["observedBytes"] = rec.observed_bytes
+    if rec.limit_bytes is not None:
+        out["limitBytes"] = rec.limit_bytes
+    return out
+
+
+def records_to_annotation(records: Iterable[ViolationRecord]) -> str:
+    """The value of ``vramguard.io/violations``: compact JSON list, sorted by key."""
+    ordered = sorted(records, key=lambda r: (r.key.budget, r.key.kind, r.key.device or ""))
+    return json.dumps([record_to_json(r) for r in ordered], separators=(",", ":"))
+
+
+def records_from_annotation(text: str, namespace: str, pod: str) -> tuple[list[ViolationRecord], list[str]]:
+    """Parse ``vramguard.io/violations`` of pod ``namespace/pod``.
+
+    Returns the records and a list of problems (one per malformed entry, naming
+    the pod, the entry and the value); malformed entries are skipped, the rest
+    kept.
+    """
+    where = f"pod {namespace}/{pod} annotation vramguard.io/violations"
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        return [], [f"{where}: invalid JSON {text[:80]!r}: {err}"]
+    if not isinstance(data, list):
+        return [], [f"{where}: want a JSON list, got {text[:80]!r}"]
+    records: list[ViolationRecord] = []
+    problems: list[str] = []
+    for i, entry in enumerate(data):
+        try:
+            records.append(_record_from_json(entry, namespace, pod))
+        except (ValueError, TypeError, KeyError) as err:
+            problems.append(f"{where}[{i}]: {err}")
+    return records, problems
+
+
+def _record_from_json(entry: Mapping[str, Any], namespace: str, pod: str) -> ViolationRecord:
+    kind = entry["kind"]
+    if kind not in _KINDS:
+        raise ValueError(f"kind: unknown violation kind {kind!r}")
+    step = entry.get("step")
+    if step is not None and step not in ACTIONS:
+        raise ValueError(f"step: unknown step {step!r}")
+    key = ViolationKey(
+        namespace,
+        str(entry["budget"]),
+        kind,
+        None if kind in TOTAL_KINDS else pod,
+        entry.get("device"),
+    )
+    return ViolationRecord(
+        key=key,
+        budget_uid=str(entry.get("budgetUID") or ""),
+        since=_parse_time(entry["since"], "since"),
+        opened_at=_opt_time(entry.get("openedAt"), "openedAt"),
+        step=cast(Action | None, step),
+        step_time=_opt_time(entry.get("stepTime"), "stepTime"),
+        observed_bytes=_opt_int(entry.get("observedBytes"), "observedBytes"),
+        limit_bytes=_opt_int(entry.get("limitBytes"), "limitBytes"),
+    )
+
+
+def _opt_time(value: Any, field: str) -> datetime | None:
+    return None if value is None else _parse_time(value, field)
+
+
+def _opt_int(value: Any, field: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field}: want a non-negative integer, got {value!r}")
+    return value
+
+
+# --- the budget status ----------------------------------------------------------------
+
+
+def records_from_status(budget: GPUMemoryBudget) -> list[ViolationRecord]:
+    """The records held in ``budget.status.violations``."""
+    status = budget.status
+    if status is None or not status.violations:
+        return []
+    ns = budget.metadata.namespace or ""
+    name = budget.metadata.name or ""
+    uid = budget.metadata.uid or ""
+    out = []
+    for v in status.violations:
+        key = ViolationKey(ns, name, v.kind, None if v.kind in TOTAL_KINDS else v.pod, v.device)
+        out.append(
+            ViolationRecord(
+                key=key,
+                budget_uid=uid,
+                since=whole_seconds(v.since),
+                opened_at=None if v.opened_at is None else whole_seconds(v.opened_at),
+                step=v.step,
+                step_time=None if v.step_time is None else whole_seconds(v.step_time),
+            )
+        )
+    return out
+
+
+def merge_records(a: ViolationRecord, b: ViolationRecord) -> ViolationRecord:
+    """Merge two records of the same key: earliest since/openedAt, furthest step."""
+    further, other = (a, b) if step_rank(a.step) >= step_rank(b.step) else (b, a)
+    opened = [t for t in (a.opened_at, b.opened_at) if t is not None]
+    observed = further.observed_bytes if further.observed_bytes is not None else other.observed_bytes
+    limit = further.limit_bytes if further.limit_bytes is not None else other.limit_bytes
+    return replace(
+        further,
+        since=min(a.since, b.since),
+        opened_at=min(opened) if opened else None,
+        budget_uid=a.budget_uid or b.budget_uid,
+        observed_bytes=observed,
+        limit_bytes=limit,
+    )

@@ -1,0 +1,103 @@
+"""The Leak violation rule: decided from a pod's trend features and the budget's
+``spec.leakDetection`` thresholds.
+
+The live operator only sees the node report's ``TrendFeatures`` (computed by the
+agent with ``vramguard_api.trend.compute_trend``); the replay computes the same
+features from the recorded series with the same function, so both apply this
+rule to the same numbers.
+
+Rule (a violation *holds*):
+
+- when the features carry ``onsetSeconds`` (the structural-rise onset found by
+  ``vramguard_api.leak``): ``vramguard_api.leak.leak_from_trend`` with the
+  budget's ``minGrowthPerHour`` and ``minWindow`` — the very decision
+  ``detect_leak`` makes on the agent's history;
+- otherwise (features without an onset): the window covers at least
+  ``minWindow``, the lower 95% bound of the growth (``growthLowBytesPerHour``) is
+  at least ``minGrowthPerHour``, and the floor rose (``floorRiseBytes``) by at
+  least half of what ``minGrowthPerHour`` implies over the window.
+
+Hysteresis: an open Leak violation closes only when the rule no longer holds
+*and* the point estimate ``growthBytesPerHour`` is below ``minGrowthPerHour``;
+in between it stays open without escalating. Missing growth figures are unknown
+data: nothing opens, escalates or closes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vramguard_api.budget import LeakDetection
+from vramguard_api.leak import leak_from_trend
+from vramguard_api.trend import TrendFeatures
+from vramguard_api.units import parse_duration, quantity_to_bytes
+
+FLOOR_RISE_SHARE = 0.5
+# TrendFeatures gains onsetSeconds with vramguard_api.leak; until then the fallback rule applies.
+_HAS_ONSET = "onset_seconds" in TrendFeatures.model_fields
+
+
+@dataclass(frozen=True, slots=True)
+class LeakThresholds:
+    """``spec.leakDetection`` in numbers: bytes per hour and seconds."""
+
+    min_growth_bytes_per_hour: float
+    min_window_seconds: float
+    evict_before_seconds: float | None
+
+    @classmethod
+    def of(cls, ld: LeakDetection) -> LeakThresholds:
+        """Convert (raises ``ValueError`` naming the field on a bad value)."""
+        return cls(
+            min_growth_bytes_per_hour=float(
+                quantity_to_bytes(ld.min_growth_per_hour, "spec.leakDetection.minGrowthPerHour")
+            ),
+            min_window_seconds=parse_duration(ld.min_window, "spec.leakDetection.minWindow"),
+            evict_before_seconds=None
+            if ld.evict_before is None
+            else parse_duration(ld.evict_before, "spec.leakDetection.evictBefore"),
+        )
+
+
+def leak_holds(trend: TrendFeatures, th: LeakThresholds) -> bool | None:
+    """Whether the features show a leak by the rule above; None when they lack
+    growth figures (too few samples)."""
+    if trend.growth_bytes_per_hour is None:
+        return None
+    if _HAS_ONSET:
+        return leak_from_trend(
+            trend,
+            min_growth_bytes_per_hour=th.min_growth_bytes_per_hour,
+            min_window_seconds=th.min_window_seconds,
+        )
+    if trend.growth_low_bytes_per_hour is None:
+        return None
+    if trend.window_seconds < th.min_window_seconds:
+        return False
+    if trend.growth_low_bytes_per_hour < th.min_growth_bytes_per_hour:
+        return False
+    needed_rise = FLOOR_RISE_SHARE * th.min_growth_bytes_per_hour * trend.window_seconds / 3600
+    return trend.floor_rise_bytes is None or trend.floor_rise_bytes >= needed_rise
+
+
+def leak_cleared(trend: TrendFeatures, th: LeakThresholds) -> bool | None:
+    """Whether an open Leak violation closes (rule no longer holds and point
+    growth below the threshold); None when the features cannot tell."""
+    holds = leak_holds(trend, th)
+    if holds is None or trend.growth_bytes_per_hour is None:
+        return None
+    return not holds and trend.growth_bytes_per_hour < th.min_growth_bytes_per_hour
+
+
+def seconds_to_limit(used_bytes: int, limit_bytes: int | None, growth_bytes_per_hour: float | None) -> float | None:
+    """Projected seconds until ``used_bytes`` reaches ``limit_bytes`` at the given
+    growth (linear projection); 0 when already there; None when it never does or
+    a figure is missing."""
+    if limit_bytes is None or growth_bytes_per_hour is None or growth_bytes_per_hour <= 0:
+        return None
+    headroom = limit_bytes - used_bytes
+    if headroom <= 0:
+        return 0.0
+    seconds = headroom / growth_bytes_per_hour * 3600
+    return seconds if math.isfinite(seconds) else None

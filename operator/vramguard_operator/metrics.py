@@ -1,0 +1,157 @@
+"""Prometheus metrics of the operator (prometheus-client).
+
+- ``vramguard_budget_violations{kind,namespace,budget}`` (gauge): open violations per
+  budget and kind (PodVRAM, PodRAM, DeviceVRAM, TotalVRAM, TotalRAM, Leak), as in
+  the budget's ``status.violations`` (pending ones, still within the tolerance,
+  are not counted).
+- ``vramguard_budget_usage_ratio{namespace,budget,pod,resource}`` (gauge): measured
+  usage / limit for every limit at or above the budget's warning threshold or
+  violated (``resource`` is the limit kind, ``pod`` empty for a total; Leak
+  violations are not ratios and are left out). Limits below the threshold have
+  no series, which keeps the cardinality to the pods that matter.
+- ``vramguard_leak_suspected{namespace,budget,pod}`` (gauge, 1): a Leak violation
+  is open on the pod.
+- ``vramguard_actions_total{action,result,namespace}`` (counter): actions taken
+  or attempted. ``action``: Warn, Annotate, Throttle, Evict, Recover.
+  ``result``: ``success``, ``failed`` (the API refused), ``impossible`` (no
+  container can be throttled in place), ``blocked`` (a PodDisruptionBudget
+  refused the eviction: HTTP 429), ``rate_limited`` (the eviction rate limit),
+  ``backoff`` (waiting to retry a blocked eviction), ``dry_run`` (mode DryRun or
+  exempt namespace: Event only), ``skipped`` (refused by the actions layer's own
+  safety checks).
+- ``vramguard_decision_latency_seconds`` (histogram): from the change that
+  triggered an evaluation being seen by the operator (a node report, pod,
+  budget or policy event; or the evaluation timer) to the end of applying its
+  decisions.
+- ``vramguard_node_report_age_seconds{node}`` (gauge): age of each node's latest
+  report (evaluation time minus ``status.sampleTime``) at the last evaluation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as _Tally
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from vramguard_api.budget import GPUMemoryBudgetStatus
+
+# From 5 ms (an evaluation with nothing to do) to 10 s (a slow API server).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The operator's metrics, registered on ``registry`` (the process-wide
+    default registry unless given; tests pass their own ``CollectorRegistry``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = REGISTRY if registry is None else registry
+        self.violations = Gauge(
+            "vramguard_budget_violations",
+            "Open violations per budget and kind.",
+            ["kind", "namespace", "budget"],
+            registry=self.registry,
+        )
+        self.actions = Counter(
+            "vramguard_actions",
+            "Actions taken or attempted, by action and result.",
+            ["action", "result", "namespace"],
+            registry=self.registry,
+        )
+        self.decision_latency = Histogram(
+            "vramguard_decision_latency_seconds",
+            "Seconds from a triggering change being seen to its decisions being applied.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.usage_ratio = Gauge(
+            "vramguard_budget_usage_ratio",
+            "Measured usage / limit, for limits at or above the warning threshold or violated.",
+            ["namespace", "budget", "pod", "resource"],
+            registry=self.registry,
+        )
+        self.leak = Gauge(
+            "vramguard_leak_suspected",
+            "1 while a Leak violation is open on the pod.",
+            ["namespace", "budget", "pod"],
+            registry=self.registry,
+        )
+        self.report_age = Gauge(
+            "vramguard_node_report_age_seconds",
+            "Age of each node's latest GPU usage report at the last evaluation, seconds.",
+            ["node"],
+            registry=self.registry,
+        )
+        self._violation_series: dict[tuple[str, str], set[str]] = {}
+        self._ratio_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        self._leak_series: dict[tuple[str, str], set[str]] = {}
+        self._report_nodes: set[str] = set()
+
+    def action(self, action: str, result: str, namespace: str) -> None:
+        """Count one action (see the module docstring for the label values)."""
+        self.actions.labels(action=action, result=result, namespace=namespace).inc()
+
+    def observe_latency(self, seconds: float) -> None:
+        """Record one evaluation's decision latency, seconds (negative clamps to 0)."""
+        self.decision_latency.observe(max(0.0, seconds))
+
+    def set_budget_violations(
+        self, namespace: str, budget: str, status: GPUMemoryBudgetStatus | None
+    ) -> None:
+        """Set the violation gauges of one budget from its status: one series per
+        kind with open violations; series of kinds no longer open are removed."""
+        opened = [v for v in (status.violations if status else None) or () if v.opened_at]
+        counts = _Tally(v.kind for v in opened)
+        key = (namespace, budget)
+        for kind in self._violation_series.get(key, set()) - set(counts):
+            self.violations.remove(kind, namespace, budget)
+        for kind, n in counts.items():
+            self.violations.labels(kind=kind, namespace=namespace, budget=budget).set(n)
+        if counts:
+            self._violation_series[key] = set(counts)
+        else:
+            self._violation_series.pop(key, None)
+        self._set_ratios(namespace, budget, status)
+        self._set_leaks(namespace, budget, [v.pod or "" for v in opened if v.kind == "Leak"])
+
+    def _set_ratios(self, namespace: str, budget: str, status: GPUMemoryBudgetStatus | None) -> None:
+        entries = [*((status.warnings or ()) if status else ()), *((status.violations or ()) if status else ())]
+        ratios: dict[tuple[str, str], float] = {}
+        for e in entries:
+            if e.kind == "Leak" or not e.limit_bytes:
+                continue
+            series = (e.pod or "", e.kind)
+            ratios[series] = max(ratios.get(series, 0.0), e.observed_bytes / e.limit_bytes)
+        key = (namespace, budget)
+        for pod, kind in self._ratio_series.get(key, set()) - set(ratios):
+            self.usage_ratio.remove(namespace, budget, pod, kind)
+        for (pod, kind), ratio in ratios.items():
+            self.usage_ratio.labels(namespace=namespace, budget=budget, pod=pod, resource=kind).set(ratio)
+        self._ratio_series[key] = set(ratios)
+
+    def _set_leaks(self, namespace: str, budget: str, pods: list[str]) -> None:
+        key = (namespace, budget)
+        for pod in self._leak_series.get(key, set()) - set(pods):
+            self.leak.remove(namespace, budget, pod)
+        for pod in pods:
+            self.leak.labels(namespace=namespace, budget=budget, pod=pod).set(1)
+        self._leak_series[key] = set(pods)
+
+    def forget_budgets(self, keep: Iterable[tuple[str, str]], namespaces: Iterable[str]) -> None:
+        """Remove the series of budgets in ``namespaces`` that are not in ``keep``
+        (deleted budgets)."""
+        scope, alive = set(namespaces), set(keep)
+        known = set(self._violation_series) | set(self._ratio_series) | set(self._leak_series)
+        for key in [k for k in known if k[0] in scope and k not in alive]:
+            self.set_budget_violations(key[0], key[1], None)
+
+    def set_report_ages(self, sample_times: Mapping[str, datetime | None], now: datetime) -> None:
+        """Set ``vramguard_node_report_age_seconds`` for every node with a sampled report,
+        and drop the series of nodes without one."""
+        ages = {n: (now - t).total_seconds() for n, t in sample_times.items() if t is not None}
+        for node in self._report_nodes - set(ages):
+            self.report_age.remove(node)
+        for node, age in ages.items():
+            self.report_age.labels(node=node).set(age)
+        self._report_nodes = set(ages)

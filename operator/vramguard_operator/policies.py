@@ -1,0 +1,362 @@
+"""Which GPUMemoryPolicies apply to a namespace, and how several combine into one.
+
+Precedence (docs/policy.md, "Precedence"):
+
+- A policy *applies* to a namespace when its ``namespaceSelector`` matches the
+  namespace's labels (unset: every namespace) and the namespace is not in the
+  policy's own ``exemptNamespaces``.
+- A namespace is *exempt* when any policy lists it in ``exemptNamespaces``,
+  whether or not that policy's selector matches it: exemption is a safety rule
+  ("vramguard never acts there"), so the most protective answer wins. With no
+  policy at all, ``kube-system`` is exempt (the API's default).
+- Limits (defaults and ceilings, each field on its own): the smallest value
+  among the applying policies wins.
+- ``defaults.perDevice`` given as bytes and as a fraction cannot be compared
+  without a device: both winners are kept and the smaller one on the pod's
+  device applies (``shares.per_device_limit``).
+- ``defaults.shareFromNode``: the node's share is a candidate when any applying
+  policy that has ``defaults`` asks for it; it competes with explicit
+  ``perDevice`` defaults, smallest wins.
+- ``mode``: ``DryRun`` wins over ``Enforce`` (audit before enforcement: adding a
+  DryRun policy must never start enforcement anywhere).
+- ``evictionRateLimit``: the smallest ``perMinute`` and the smallest ``burst``.
+- ``injectFrameworkCaps``: on when any applying policy opts in.
+- Ties go to the policy whose name sorts first, so the winner is stable.
+
+Each merged field carries the name of the policy it came from (``Sourced``), so
+that status, Events and ``vramguard top`` can say where a limit came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from vramguard_api import conditions as C
+from vramguard_api.budget import Mode
+from vramguard_api.policy import GPUMemoryPolicy, GPUMemoryPolicyStatus
+
+from .budget_status import ConditionSpec, settle_conditions
+from .selectors import compile_selector
+
+T = TypeVar("T")
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""The label the API server sets on every namespace (its own name)."""
+DEFAULT_EXEMPT = frozenset({"kube-system"})
+
+
+@dataclass(frozen=True, slots=True)
+class Sourced(Generic[T]):
+    """A merged value and the name of the policy it came from."""
+
+    value: T
+    policy: str
+
+    @property
+    def source(self) -> str:
+        """``policy/<name>``, as status and annotations show it."""
+        return f"policy/{self.policy}"
+
+
+@dataclass(frozen=True, slots=True)
+class MergedPolicy:
+    """The policies that apply to one namespace, merged field by field.
+
+    Byte values are integers in bytes; fractions are in (0, 1]. ``None``: no
+    applying policy sets the field. ``policies``: names of the applying
+    policies, sorted. ``exempt_by``: a policy that exempts the namespace.
+    """
+
+    namespace: str
+    policies: tuple[str, ...] = ()
+    exempt_by: str | None = None
+    mode: Sourced[Mode] | None = None
+    default_pod_vram: Sourced[int] | None = None
+    default_pod_ram: Sourced[int] | None = None
+    default_device_vram: Sourced[int] | None = None
+    default_device_fraction: Sourced[float] | None = None
+    share_from_node: Sourced[bool] | None = None
+    ceiling_pod_vram: Sourced[int] | None = None
+    ceiling_pod_ram: Sourced[int] | None = None
+    ceiling_device_vram: Sourced[int] | None = None
+    ceiling_device_fraction: Sourced[float] | None = None
+    ceiling_total_vram: Sourced[int] | None = None
+    ceiling_total_ram: Sourced[int] | None = None
+    eviction_per_minute: Sourced[int] | None = None
+    eviction_burst: Sourced[int] | None = None
+    inject_framework_caps: Sourced[bool] | None = None
+
+    @property
+    def exempt(self) -> bool:
+        """Whether vramguard must never act in this namespace."""
+        return self.exempt_by is not None
+
+    @property
+    def effective_mode(self) -> Mode:
+        """The namespace's mode: the winner's, ``Enforce`` when no policy applies."""
+        return "Enforce" if self.mode is None else self.mode.value
+
+    @property
+    def has_defaults(self) -> bool:
+        """Whether any default limit applies to GPU pods that no budget selects."""
+        return any(
+            f is not None
+            for f in (
+                self.default_pod_vram,
+                self.default_pod_ram,
+                self.default_device_vram,
+                self.default_device_fraction,
+                self.share_from_node,
+            )
+        )
+
+    def ceilings(self) -> dict[str, Sourced[int] | Sourced[float]]:
+        """The ceilings that are set, by budget limit path (``perPod.vram``, ...)."""
+        fields: dict[str, Sourced[int] | Sourced[float] | None] = {
+            "perPod.vram": self.ceiling_pod_vram,
+            "perPod.ram": self.ceiling_pod_ram,
+            "perDevice.vram": self.ceiling_device_vram,
+            "perDevice.fraction": self.ceiling_device_fraction,
+            "total.vram": self.ceiling_total_vram,
+            "total.ram": self.ceiling_total_ram,
+        }
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+def policy_applies(policy: GPUMemoryPolicy, namespace: str, labels: Mapping[str, str]) -> bool:
+    """Whether ``policy`` applies to ``namespace`` with these labels.
+
+    The ``kubernetes.io/metadata.name`` label is assumed even when ``labels``
+    lacks it (the API server sets it on every namespace). Raises ``ValueError``
+    naming the policy and field when its namespaceSelector is malformed.
+    """
+    if namespace in policy.spec.exempt_namespaces:
+        return False
+    selector = policy.spec.namespace_selector
+    if selector is None:
+        return True
+    name = policy.metadata.name or ""
+    matcher = compile_selector(selector, f"GPUMemoryPolicy {name}: spec.namespaceSelector")
+    return matcher({NAMESPACE_NAME_LABEL: namespace, **labels})
+
+
+def exempt_by(policies: Iterable[GPUMemoryPolicy], namespace: str) -> str | None:
+    """The first policy (by name) that lists ``namespace`` as exempt; ``"default"``
+    for ``kube-system`` when there is no policy at all; None when not exempt."""
+    listed = sorted(p.metadata.name or "" for p in policies if namespace in p.spec.exempt_namespaces)
+    if listed:
+        return listed[0]
+    any_policy = any(True for _ in policies)
+    return "default" if not any_policy and namespace in DEFAULT_EXEMPT else None
+
+
+def applying_policies(
+    policies: Sequence[GPUMemoryPolicy], namespace: str, labels: Mapping[str, str]
+) -> tuple[list[GPUMemoryPolicy], list[str]]:
+    """The policies that apply to the namespace, sorted by name, and one problem
+    line per policy whose selector could not be evaluated (it is skipped)."""
+    out, problems = [], []
+    for policy in sorted(policies, key=lambda p: p.metadata.name or ""):
+        try:
+            if policy_applies(policy, namespace, labels):
+                out.append(policy)
+        except ValueError as err:
+            problems.append(str(err))
+    return out, problems
+
+
+def merge(
+    policies: Sequence[GPUMemoryPolicy], namespace: str, labels: Mapping[str, str]
+) -> MergedPolicy:
+    """Merge every policy that applies to ``namespace`` into one ``MergedPolicy``
+    (precedence in the module docstring). ``policies`` is every policy of the
+    cluster; those that do not apply are ignored, except for exemptions."""
+    applying, _ = applying_policies(policies, namespace, labels)
+    fields = {name: combine(applying, read) for name, (read, combine) in FIELDS.items()}
+    return MergedPolicy(
+        namespace=namespace,
+        policies=tuple(p.metadata.name or "" for p in applying),
+        exempt_by=exempt_by(policies, namespace),
+        mode=_mode(applying),
+        **fields,
+    )
+
+
+# --- field readers: each returns the policy's value, or None when unset ----------
+
+
+def _mode(applying: Sequence[GPUMemoryPolicy]) -> Sourced[Mode] | None:
+    dry = [p for p in applying if p.spec.mode == "DryRun"]
+    chosen = dry[0] if dry else (applying[0] if applying else None)
+    return None if chosen is None else Sourced(chosen.spec.mode, chosen.metadata.name or "")
+
+
+def _default_pod_vram(p: GPUMemoryPolicy) -> int | None:
+    d = p.spec.defaults
+    return None if d is None or d.per_pod is None else d.per_pod.vram_bytes()
+
+
+def _default_pod_ram(p: GPUMemoryPolicy) -> int | None:
+    d = p.spec.defaults
+    return None if d is None or d.per_pod is None else d.per_pod.ram_bytes()
+
+
+def _default_device_vram(p: GPUMemoryPolicy) -> int | None:
+    d = p.spec.defaults
+    if d is None or d.per_device is None or d.per_device.vram is None:
+        return None
+    return d.per_device.bytes_for(None)
+
+
+def _default_device_fraction(p: GPUMemoryPolicy) -> float | None:
+    d = p.spec.defaults
+    return None if d is None or d.per_device is None else d.per_device.fraction
+
+
+def _share_from_node(p: GPUMemoryPolicy) -> bool | None:
+    # A policy's own explicit perDevice default replaces its node share (API field doc).
+    d = p.spec.defaults
+    return True if d is not None and d.share_from_node and d.per_device is None else None
+
+
+def _ceiling(level: str, kind: str) -> Callable[[GPUMemoryPolicy], int | None]:
+    """Reader of ``ceilings.<level>.<kind>`` in bytes (level per_pod or total: a
+    MemoryLimit; per_device with kind vram: a DeviceLimit given in bytes)."""
+
+    def read(p: GPUMemoryPolicy) -> int | None:
+        c = p.spec.ceilings
+        limit = None if c is None else getattr(c, level)
+        if limit is None:
+            return None
+        if level == "per_device":
+            return None if limit.vram is None else limit.bytes_for(None)
+        return limit.vram_bytes() if kind == "vram" else limit.ram_bytes()
+
+    return read
+
+
+def _ceiling_fraction(p: GPUMemoryPolicy) -> float | None:
+    c = p.spec.ceilings
+    return None if c is None or c.per_device is None else c.per_device.fraction
+
+
+def _smallest(
+    applying: Sequence[GPUMemoryPolicy], read: Callable[[GPUMemoryPolicy], T | None]
+) -> Sourced[T] | None:
+    best: Sourced[T] | None = None
+    for p in applying:  # sorted by name: the first of equal values wins
+        value = read(p)
+        if value is not None and (best is None or value < best.value):  # type: ignore[operator]
+            best = Sourced(value, p.metadata.name or "")
+    return best
+
+
+def _first(
+    applying: Sequence[GPUMemoryPolicy], read: Callable[[GPUMemoryPolicy], T | None]
+) -> Sourced[T] | None:
+    for p in applying:
+        value = read(p)
+        if value is not None:
+            return Sourced(value, p.metadata.name or "")
+    return None
+
+
+Reader = Callable[[GPUMemoryPolicy], Any]
+Combiner = Callable[[Sequence[GPUMemoryPolicy], Reader], Any]
+
+FIELDS: dict[str, tuple[Reader, Combiner]] = {
+    "default_pod_vram": (_default_pod_vram, _smallest),
+    "default_pod_ram": (_default_pod_ram, _smallest),
+    "default_device_vram": (_default_device_vram, _smallest),
+    "default_device_fraction": (_default_device_fraction, _smallest),
+    "share_from_node": (_share_from_node, _first),
+    "ceiling_pod_vram": (_ceiling("per_pod", "vram"), _smallest),
+    "ceiling_pod_ram": (_ceiling("per_pod", "ram"), _smallest),
+    "ceiling_device_vram": (_ceiling("per_device", "vram"), _smallest),
+    "ceiling_device_fraction": (_ceiling_fraction, _smallest),
+    "ceiling_total_vram": (_ceiling("total", "vram"), _smallest),
+    "ceiling_total_ram": (_ceiling("total", "ram"), _smallest),
+    "eviction_per_minute": (lambda p: p.spec.eviction_rate_limit.per_minute, _smallest),
+    "eviction_burst": (lambda p: p.spec.eviction_rate_limit.burst, _smallest),
+    "inject_framework_caps": (lambda p: p.spec.inject_framework_caps or None, _first),
+}
+"""MergedPolicy field -> (reader of one policy's value or None, combiner)."""
+
+FIELD_PATHS = {
+    "mode": "mode",
+    "default_pod_vram": "defaults.perPod.vram",
+    "default_pod_ram": "defaults.perPod.ram",
+    "default_device_vram": "defaults.perDevice.vram",
+    "default_device_fraction": "defaults.perDevice.fraction",
+    "share_from_node": "defaults.shareFromNode",
+    "ceiling_pod_vram": "ceilings.perPod.vram",
+    "ceiling_pod_ram": "ceilings.perPod.ram",
+    "ceiling_device_vram": "ceilings.perDevice.vram",
+    "ceiling_device_fraction": "ceilings.perDevice.fraction",
+    "ceiling_total_vram": "ceilings.total.vram",
+    "ceiling_total_ram": "ceilings.total.ram",
+    "eviction_per_minute": "evictionRateLimit.perMinute",
+    "eviction_burst": "evictionRateLimit.burst",
+    "inject_framework_caps": "injectFrameworkCaps",
+}
+"""MergedPolicy field -> the spec path it comes from, as status and docs name it."""
+
+
+def overridden_fields(policy: GPUMemoryPolicy, merged: MergedPolicy) -> list[str]:
+    """Spec paths that ``policy`` sets but where another policy wins in
+    ``merged``'s namespace, as ``<path>: policy/<winner>``."""
+    name = policy.metadata.name or ""
+    out = []
+    readers: dict[str, Reader] = {"mode": lambda p: p.spec.mode, **{k: r for k, (r, _) in FIELDS.items()}}
+    for attr, read in readers.items():
+        won = getattr(merged, attr)
+        mine = read(policy)
+        if mine is None or won is None or won.policy == name or won.value == mine:
+            continue
+        out.append(f"{FIELD_PATHS[attr]}: {won.source}")
+    return out
+
+
+def policy_status(
+    policy: GPUMemoryPolicy,
+    all_policies: Sequence[GPUMemoryPolicy],
+    namespaces: Mapping[str, Mapping[str, str]],
+    now: datetime,
+    max_entries: int = 256,
+) -> GPUMemoryPolicyStatus:
+    """The desired status of ``policy``: the namespaces it applies to (from
+    ``namespaces``: name -> labels), where a stricter policy wins over it
+    (``overridden``), and a Ready condition (False with reason InvalidSpec when
+    its namespaceSelector is malformed). ``now`` is timezone-aware; the
+    condition's lastTransitionTime is kept from the current status when its
+    status does not change."""
+    previous = policy.status.conditions if policy.status else None
+    gen = policy.metadata.generation
+    try:
+        names = sorted(ns for ns, labels in namespaces.items() if policy_applies(policy, ns, labels))
+    except ValueError as err:
+        wanted = [ConditionSpec(C.READY, "False", C.REASON_INVALID_SPEC, str(err))]
+        return GPUMemoryPolicyStatus(
+            observedGeneration=gen,
+            conditions=settle_conditions(wanted, previous, gen, now),
+            matchedNamespaces=0,
+        )
+    overridden = [
+        f"{entry.split(':', 1)[0]} in {ns}:{entry.split(':', 1)[1]}"
+        for ns in names
+        for entry in overridden_fields(policy, merge(all_policies, ns, namespaces[ns]))
+    ]
+    message = f"applies to {len(names)} namespaces"
+    if overridden:
+        message += f"; a stricter policy wins for {len(overridden)} fields (see overridden)"
+    wanted = [ConditionSpec(C.READY, "True", C.REASON_VALID, message)]
+    return GPUMemoryPolicyStatus(
+        observedGeneration=gen,
+        conditions=settle_conditions(wanted, previous, gen, now),
+        matchedNamespaces=len(names),
+        namespaces=names[:max_entries] or None,
+        overridden=overridden[:max_entries] or None,
+    )

@@ -1,0 +1,211 @@
+"""kopf handlers for policies and GPU sharing: thin.
+
+- ``gpu_node_index``: GPU nodes by name (labels and allocatable resources: the
+  GFD labels and device-plugin resources that shares come from);
+- ``gpu_pod_index``: GPU pods by namespace, trimmed to what shares and implicit
+  budgets read (other pods are not indexed);
+- ``policy_status_index`` and a status writer started at startup: each
+  GPUMemoryPolicy's status (namespaces it applies to, where a stricter policy
+  wins), written only when it changes. Not a kopf timer: kopf puts a finalizer
+  on the objects its timers serve, and a policy must stay deletable while the
+  operator is down.
+
+The indexes are read by the reconcile loop (implicit budgets) and by the
+admission webhooks (``webhooks``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+
+from vramguard_api.policy import GPUMemoryPolicy
+
+from .index_views import namespaces_of
+from .policies import policy_status
+from .shares import KAI_GPU_FRACTION, KAI_GPU_MEMORY, PodGPURequest
+
+GROUP, VERSION, POLICIES = "vramguard.io", "v1alpha1", "gpumemorypolicies"
+GPU_RESOURCE_PREFIXES = ("nvidia.com/", "aliyun.com/")
+POLICY_STATUS_INTERVAL = 5.0  # seconds; a policy's namespaces change rarely
+_KEPT_ANNOTATIONS = (KAI_GPU_MEMORY, KAI_GPU_FRACTION, "vramguard.io/limits")
+
+log = logging.getLogger("vramguard.policy")
+
+
+# --- pure entries -------------------------------------------------------------------
+
+
+def node_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A GPU node's labels and allocatable resources (None for other nodes, which
+    are not indexed)."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    alloc = dict(status.get("allocatable") or status.get("capacity") or {})
+    labels = dict(meta.get("labels") or {})
+    gpu = labels.get("nvidia.com/gpu.present") == "true" or any(
+        r.startswith(GPU_RESOURCE_PREFIXES) for r in alloc
+    )
+    if not gpu:
+        return None
+    return {
+        "metadata": {"name": meta.get("name"), "labels": labels},
+        "status": {"allocatable": {k: str(v) for k, v in alloc.items()}},
+    }
+
+
+def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A GPU pod trimmed to what shares read (None for other pods): metadata
+    (name, namespace, uid, labels, the KAI and ``vramguard.io/limits``
+    annotations), ``spec.nodeName``, containers' names and resources, phase."""
+    if not PodGPURequest.from_api(body).is_gpu_pod:
+        return None
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k in _KEPT_ANNOTATIONS}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": annotations,
+        },
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [
+                {"name": c.get("name"), "resources": _plain(c.get("resources") or {})}
+                for c in spec.get("containers") or ()
+            ],
+        },
+        "status": {"phase": (body.get("status") or {}).get("phase")},
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch from ``current`` to ``desired`` (top-level keys; None
+    removes a key); empty when they are equal."""
+    current = current or {}
+    patch: dict[str, Any] = {k: v for k, v in desired.items() if current.get(k) != v}
+    patch.update({k: None for k in current if k not in desired})
+    return patch
+
+
+# --- handlers -----------------------------------------------------------------------
+
+
+@kopf.index("nodes")
+async def gpu_node_index(body: kopf.Body, name: str, **_: Any) -> dict[str, Any] | None:
+    """GPU nodes by name."""
+    entry = node_entry(body)
+    return None if entry is None else {name: entry}
+
+
+@kopf.index("pods")
+async def gpu_pod_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[str, Any] | None:
+    """GPU pods by namespace."""
+    entry = gpu_pod_entry(body)
+    return None if entry is None else {namespace or "": entry}
+
+
+@kopf.index(GROUP, VERSION, POLICIES)
+async def policy_status_index(body: kopf.Body, name: str, **_: Any) -> dict[str, Any]:
+    """GPUMemoryPolicies by name, with generation and status (for the status writer)."""
+    return {name: policy_body(body)}
+
+
+def policy_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A policy trimmed to what its status is computed from."""
+    data = _plain(body)
+    meta = data.get("metadata") or {}
+    out = {k: data[k] for k in ("apiVersion", "kind", "spec", "status") if k in data}
+    out["metadata"] = {k: meta.get(k) for k in ("name", "uid", "generation")}
+    return out
+
+
+def desired_statuses(
+    bodies: list[Mapping[str, Any]], namespaces: Mapping[str, Mapping[str, str]], now: datetime
+) -> dict[str, dict[str, Any]]:
+    """Status merge patches by policy name, for the policies whose status differs
+    from the desired one (policies that do not parse are skipped and logged)."""
+    parsed: list[tuple[GPUMemoryPolicy, Mapping[str, Any]]] = []
+    for body in bodies:
+        try:
+            parsed.append((GPUMemoryPolicy.model_validate(body), body))
+        except ValidationError as err:
+            log.warning("GPUMemoryPolicy %s: %s", (body.get("metadata") or {}).get("name"), err.errors()[0])
+    every = [p for p, _ in parsed]
+    out = {}
+    for policy, body in parsed:
+        desired = policy_status(policy, every, namespaces, now).to_api()
+        patch = status_patch(body.get("status"), desired)
+        if patch:
+            out[policy.metadata.name or ""] = patch
+    return out
+
+
+def _api() -> client.CustomObjectsApi:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CustomObjectsApi(client.ApiClient())
+
+
+async def _write_statuses(memo: kopf.Memo, policies: Any, namespaces: Any) -> None:
+    rec = memo.get("reconciler")
+    if rec is not None:  # wait until the indexes hold the initial listings
+        await rec.ready.wait()
+    api = await asyncio.to_thread(_api)
+    while True:
+        bodies = [b for store in policies.values() for b in store]
+        patches = desired_statuses(bodies, namespaces_of(namespaces), datetime.now(UTC))
+        for name, patch in patches.items():
+            try:
+                await asyncio.to_thread(
+                    api.patch_cluster_custom_object_status,
+                    GROUP, VERSION, POLICIES, name, {"status": patch},
+                    _content_type="application/merge-patch+json",
+                )
+            except ApiException as err:
+                if err.status != 404:  # a deleted policy needs no status
+                    log.warning("status of GPUMemoryPolicy %s: %s %s", name, err.status, err.reason)
+        await asyncio.sleep(POLICY_STATUS_INTERVAL)
+
+
+@kopf.on.startup()
+async def policy_status_startup(memo: kopf.Memo, **kwargs: Any) -> None:
+    """Start the policy status writer: every few seconds, each policy's status
+    is computed from the indexes and written when it differs. A loop of its own
+    rather than a kopf timer, because kopf puts a finalizer on the objects its
+    timers serve: a policy could not be deleted while the operator is down."""
+    task = asyncio.create_task(
+        _write_statuses(memo, kwargs["policy_status_index"], kwargs["namespace_index"]),
+        name="vramguard-policy-status",
+    )
+    memo["policy_status_task"] = task
+
+
+@kopf.on.cleanup()
+async def policy_status_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the policy status writer."""
+    task = memo.get("policy_status_task")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,126 @@
+"""Throttle and restore plans: which containers' CPU resources to change through
+the ``pods/resize`` subresource, and what to record to undo it.
+
+In-place resize cannot add or remove a limit without changing the pod's QoS
+class, and a container whose ``resizePolicy`` for cpu is ``RestartContainer``
+would be restarted, so such containers are left alone. A request above the new
+limit is lowered with it (requests may not exceed limits), keeping the
+container's shape so that the pod's QoS class never changes (the API server
+refuses a resize that would change it): a request equal to its limit stays
+equal (a Guaranteed pod stays Guaranteed), a request below its limit stays
+1m below the new one (a Burstable pod never becomes Guaranteed). The original limit and request are kept in the
+``vramguard.io/original-cpu`` annotation and put back on recovery.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Literal
+
+from kubernetes.utils import parse_quantity
+
+from .engine_types import ContainerCPU, PodFacts
+
+Original = dict[str, dict[str, str | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottlePlan:
+    """Containers to resize, the originals to record (merged with any already
+    recorded) and, when nothing can be resized, why."""
+
+    resize: tuple[ContainerCPU, ...]
+    original: Original
+    impossible_reason: str | None
+
+
+def _cpu(value: str) -> Decimal:
+    return Decimal(parse_quantity(value))
+
+
+def parse_original(text: str | None) -> Original | None:
+    """Parse ``vramguard.io/original-cpu``; None when absent or malformed."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    out: Original = {}
+    for name, res in data.items():
+        if isinstance(res, dict) and isinstance(res.get("limit"), str):
+            request = res.get("request")
+            out[str(name)] = {
+                "limit": res["limit"],
+                "request": request if isinstance(request, str) else None,
+            }
+    return out
+
+
+def original_to_annotation(original: Mapping[str, Mapping[str, str | None]]) -> str:
+    """Compact JSON for ``vramguard.io/original-cpu``."""
+    return json.dumps({k: dict(v) for k, v in sorted(original.items())}, separators=(",", ":"))
+
+
+def plan_throttle(pod: PodFacts, target: str, recorded: Original | None) -> ThrottlePlan:
+    """Plan lowering each container's CPU limit to ``target`` (a quantity).
+
+    Containers already at or below ``target`` are left as they are (no change,
+    not a failure). ``recorded``: originals already in the pod annotation (a pod
+    throttled by another violation keeps its first originals).
+    """
+    want = _cpu(target)
+    original: Original = {k: dict(v) for k, v in (recorded or {}).items()}
+    resize: list[ContainerCPU] = []
+    skipped: list[str] = []
+    at_target = 0
+    for c in pod.containers:
+        if c.cpu_limit is None:
+            skipped.append(f"{c.name}: no CPU limit (resize cannot add one)")
+            continue
+        if c.cpu_resize_restart:
+            skipped.append(f"{c.name}: resizePolicy cpu RestartContainer (resize would restart it)")
+            continue
+        if _cpu(c.cpu_limit) <= want:
+            at_target += 1
+            continue
+        request = c.cpu_request
+        new_request = _lowered_request(request, c.cpu_limit, want)
+        if new_request is False:
+            skipped.append(f"{c.name}: target {target} leaves no room for a request below the limit")
+            continue
+        resize.append(ContainerCPU(c.name, target, new_request if isinstance(new_request, str) else None))
+        original.setdefault(c.name, {"limit": c.cpu_limit, "request": request})
+    reason = None
+    if not resize and not at_target:
+        reason = "no container can be throttled in place: " + ("; ".join(skipped) or "pod has no containers")
+    return ThrottlePlan(tuple(resize), original, reason)
+
+
+_MILLI = Decimal("0.001")
+
+
+def _lowered_request(request: str | None, limit: str, want: Decimal) -> str | None | Literal[False]:
+    """The request to set with a new CPU limit ``want`` (cores): None to leave it,
+    a quantity string, or False when the container's shape cannot be kept."""
+    if request is None or _cpu(request) < want:
+        return None
+    if _cpu(request) == _cpu(limit):
+        return _millis(want)
+    lowered = want - _MILLI
+    return False if lowered <= 0 else _millis(lowered)
+
+
+def _millis(cores: Decimal) -> str:
+    """A CPU quantity in millicores (``"99m"``), rounded down to a whole millicore."""
+    return f"{int(cores / _MILLI)}m"
+
+
+def plan_restore(original: Original) -> tuple[ContainerCPU, ...]:
+    """The resize that puts the recorded CPU resources back."""
+    return tuple(ContainerCPU(name, res["limit"] or "", res.get("request")) for name, res in sorted(original.items()))

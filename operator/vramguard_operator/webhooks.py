@@ -1,0 +1,229 @@
+"""Admission webhooks (kopf), thin adapters over the pure checks.
+
+- ``validate-budget`` (GPUMemoryBudget CREATE/UPDATE, failurePolicy Fail):
+  rejects a budget above its policies' ceilings (``validation.check_budget``);
+  warnings (a ceiling that applies to a level the budget leaves unset, units
+  that cannot be compared) go back to the client.
+- ``validate-pod`` (Pod CREATE, failurePolicy Ignore): rejects a new pod of a
+  job whose total budget is throttled (``validation.validate_pod``).
+- ``mutate-pod`` (Pod CREATE, failurePolicy Ignore): where a policy opts in
+  (``injectFrameworkCaps``), injects framework memory caps into GPU pods
+  (``mutation``).
+
+The ids are the URL paths the Helm chart's webhook configurations call
+(``/validate-budget``, ``/validate-pod``, ``/mutate-pod``). Pod webhooks use
+failurePolicy Ignore so that an operator outage never blocks pod creation.
+
+Two ways to run (``WebhookConfig``):
+
+- in the cluster (the chart): the chart owns the webhook configurations, and
+  the TLS files come from a mounted Secret (the chart's, or cert-manager's);
+- managed (``managed=True``, for development and the end-to-end tests): kopf
+  creates and maintains ``ValidatingWebhookConfiguration`` and
+  ``MutatingWebhookConfiguration`` ``vramguard.io`` pointing at ``host:port``,
+  with a CA and certificate generated into the TLS directory (``certs``).
+
+The handlers read the operator's kopf indexes (``handlers``: policies,
+namespaces, budgets, reports; ``policy_handlers``: GPU nodes); they are
+``async`` so that they read them on the event loop, where kopf updates them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+import kopf
+
+from . import handlers, policy_handlers  # noqa: F401  (register the indexes read here)
+from .certs import TLSFiles, ensure_certificates
+from .index_views import budgets_of, labels_of, nodes_of, policies_of
+from .mutation import admission_limit, mutate_pod
+from .policies import merge
+from .shares import PodGPURequest, candidate_nodes
+from .validation import check_budget, format_errors, throttled_jobs, validate_pod
+
+GROUP, VERSION, BUDGETS = "vramguard.io", "v1alpha1", "gpumemorybudgets"
+MANAGED_NAME = "vramguard.io"
+
+log = logging.getLogger("vramguard.webhooks")
+
+
+# --- configuration ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """Where the webhook server listens and how the API server reaches it.
+
+    ``port``: HTTPS port. ``tls_dir``: directory of ``tls.crt``/``tls.key``/
+    ``ca.crt`` (see ``certs``). ``addr``: listen address. ``host``: the host the
+    API server calls in managed mode (its certificate's first SAN). ``managed``:
+    let kopf maintain the webhook configurations. ``extra_sans``: more names
+    for a generated certificate.
+    """
+
+    port: int
+    tls_dir: str
+    addr: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    managed: bool = False
+    extra_sans: tuple[str, ...] = field(default_factory=tuple)
+
+    def hosts(self) -> list[str]:
+        """Names the serving certificate must cover."""
+        names = [self.host, "localhost", "127.0.0.1", *self.extra_sans]
+        if self.addr not in ("0.0.0.0", "::", ""):
+            names.append(self.addr)
+        return list(dict.fromkeys(names))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> WebhookConfig | None:
+        """From ``VRAMGUARD_WEBHOOK_PORT`` (required), ``_TLS_DIR``, ``_ADDRESS``,
+        ``_HOST``, ``_MANAGED`` (``true``) and ``_EXTRA_SANS`` (comma-separated);
+        None when no port is set. Raises ``ValueError`` naming a bad variable."""
+        port = env.get("VRAMGUARD_WEBHOOK_PORT")
+        if not port:
+            return None
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"VRAMGUARD_WEBHOOK_PORT: want a port number, got {port!r}")
+        sans = tuple(s for s in env.get("VRAMGUARD_WEBHOOK_EXTRA_SANS", "").split(",") if s)
+        return cls(
+            port=int(port),
+            tls_dir=env.get("VRAMGUARD_WEBHOOK_TLS_DIR", "/tmp/vramguard-webhook-tls"),
+            addr=env.get("VRAMGUARD_WEBHOOK_ADDRESS", "0.0.0.0"),
+            host=env.get("VRAMGUARD_WEBHOOK_HOST", "127.0.0.1"),
+            managed=env.get("VRAMGUARD_WEBHOOK_MANAGED", "").lower() == "true",
+            extra_sans=sans,
+        )
+
+
+def configure_admission(settings: kopf.OperatorSettings, cfg: WebhookConfig) -> TLSFiles:
+    """Point kopf's admission server at ``cfg``: the TLS files (generated when
+    the directory is vramguard's, read when it is cert-manager's or the
+    chart's), and managed webhook configurations when ``cfg.managed``."""
+    tls = ensure_certificates(cfg.tls_dir, cfg.hosts())
+    settings.admission.server = kopf.WebhookServer(
+        addr=cfg.addr,
+        port=cfg.port,
+        host=cfg.host,
+        certfile=str(tls.cert),
+        pkeyfile=str(tls.key),
+        cafile=None if tls.ca is None else str(tls.ca),
+    )
+    settings.admission.managed = MANAGED_NAME if cfg.managed else None
+    how = "generated" if tls.issued else ("kept" if tls.managed else "read")
+    log.info(
+        "webhooks on https://%s:%d (certificate %s in %s; configurations %s)",
+        cfg.host, cfg.port, how, cfg.tls_dir, "managed by kopf" if cfg.managed else "external",
+    )
+    return tls
+
+
+@kopf.on.startup()
+async def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure the admission server from ``memo.webhook`` (set by ``vramguard
+    operator``) or the ``VRAMGUARD_WEBHOOK_*`` variables. Without either, kopf
+    refuses to start (its admission handlers need a server)."""
+    cfg = memo.get("webhook") or WebhookConfig.from_env()
+    if cfg is None:
+        log.error("admission webhooks are loaded but not configured: set VRAMGUARD_WEBHOOK_PORT")
+        return
+    configure_admission(settings, cfg)
+
+
+# --- handlers -------------------------------------------------------------------------
+
+
+@kopf.on.validate(GROUP, VERSION, BUDGETS, id="validate-budget", operations=["CREATE", "UPDATE"])
+async def validate_budget_webhook(
+    body: kopf.Body,
+    warnings: list[str],
+    old: kopf.Body | None = None,
+    policy_index: Any = None,
+    namespace_index: Any = None,
+    **_: Any,
+) -> None:
+    """Reject a budget above its policies' ceilings (an UPDATE that leaves the
+    spec as it was is admitted, with the same warnings)."""
+    obj = _plain(body)
+    ns = (obj.get("metadata") or {}).get("namespace") or ""
+    result = check_budget(obj, policies_of(policy_index), labels_of(namespace_index, ns))
+    warnings.extend(result.warnings)
+    unchanged = old is not None and _plain(old).get("spec") == obj.get("spec")
+    if result.errors and not unchanged:
+        name = (obj.get("metadata") or {}).get("name") or ""
+        raise kopf.AdmissionError(format_errors("GPUMemoryBudget", name, result.errors), code=422)
+
+
+@kopf.on.validate("pods", id="validate-pod", operations=["CREATE"], ignore_failures=True)
+async def validate_pod_webhook(
+    body: kopf.Body,
+    policy_index: Any = None,
+    namespace_index: Any = None,
+    budget_index: Any = None,
+    **_: Any,
+) -> None:
+    """Reject a new pod of a job whose total budget is throttled."""
+    pod = _plain(body)
+    ns = (pod.get("metadata") or {}).get("namespace") or ""
+    merged = merge(policies_of(policy_index), ns, labels_of(namespace_index, ns))
+    if merged.exempt:
+        return
+    reason = validate_pod(pod, throttled_jobs(budgets_of(budget_index, ns)))
+    if reason is not None:
+        raise kopf.AdmissionError(reason, code=403)
+
+
+def _apply_ops(ops: list[dict[str, Any]], raw: Any) -> None:
+    jsonpatch.JsonPatch(ops).apply(raw, in_place=True)
+
+
+@kopf.on.mutate("pods", id="mutate-pod", operations=["CREATE"], ignore_failures=True)
+async def mutate_pod_webhook(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    policy_index: Any = None,
+    namespace_index: Any = None,
+    report_index: Any = None,
+    gpu_node_index: Any = None,
+    **_: Any,
+) -> None:
+    """Inject framework memory caps into a GPU pod where a policy opts in."""
+    pod = _plain(body)
+    ns = (pod.get("metadata") or {}).get("namespace") or ""
+    merged = merge(policies_of(policy_index), ns, labels_of(namespace_index, ns))
+    if merged.exempt or merged.inject_framework_caps is None:
+        return
+    req = PodGPURequest.from_api(pod)
+    if not req.is_gpu_pod:
+        return
+    nodes = candidate_nodes(pod, nodes_of(gpu_node_index, report_index))
+    limit, facts = admission_limit(req, nodes, merged)
+    ops, record = mutate_pod(pod, limit, facts, req.gpu_containers)
+    if ops:
+        patch.fns.append(functools.partial(_apply_ops, ops))
+        log.info("pod %s/%s: injected %s", ns, _pod_name(pod), record)
+
+
+def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep plain copy of a kopf body (mappings and lists)."""
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [conv(x) for x in v]
+        return v
+
+    return conv(body)
+
+
+def _pod_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("name") or f"{meta.get('generateName') or ''}*")

@@ -1,0 +1,336 @@
+"""The agent in simulated mode against the local cluster.
+
+A fresh kwok node gets real pods; the agent (``vramguard-agent run --backend
+sim``) watches that node's pods, wires their uids and container ids into the
+fake /proc and cgroup trees it writes, samples the scenario through the NVML
+code, and writes the node's NodeGPUUsage. The test then compares the stored
+status with what the scenario and the Pod objects say, byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+TOTAL, RESERVED = 81559 * MIB, 579 * MIB
+UUIDS = ["GPU-e2e00000-0000-4000-8000-000000000000", "GPU-e2e00001-0000-4000-8000-000000000001"]
+HOST_CGROUP = "/user.slice/user-1000.slice/session-7.scope"
+
+
+def scenario(node: str, namespace: str) -> dict[str, Any]:
+    """Constant figures, so the expected report needs no clock."""
+    return {
+        "nodes": [
+            {
+                "name": node,
+                "driverVersion": "570.133.20",
+                "cgroup": {"version": 2, "driver": "systemd", "runtime": "containerd"},
+                "gpus": [
+                    {
+                        "model": "NVIDIA H100 80GB HBM3",
+                        "count": 2,
+                        "memory": "81559Mi",
+                        "reserved": "579Mi",
+                        "uuids": UUIDS,
+                    }
+                ],
+                "pods": [
+                    {
+                        "namespace": namespace,
+                        "name": "llm",
+                        "qos": "guaranteed",
+                        "containers": [
+                            {
+                                "name": "server",
+                                "ram": "6Gi",
+                                "pageCache": "1Gi",
+                                "processes": [{"gpu": 0, "memory": "20Gi"}],
+                            },
+                            {"name": "sidecar", "ram": "100Mi"},
+                        ],
+                    },
+                    {
+                        "namespace": namespace,
+                        "name": "trainer",
+                        "qos": "burstable",
+                        "containers": [
+                            {
+                                "name": "main",
+                                "ram": "12Gi",
+                                "oomKills": 1,
+                                "processes": [{"gpu": 0, "memory": "8Gi"}, {"gpu": 1, "memory": "30Gi"}],
+                            }
+                        ],
+                    },
+                    {
+                        "namespace": namespace,
+                        "name": "idle",
+                        "qos": "besteffort",
+                        "containers": [{"name": "main", "ram": "1Gi"}],
+                    },
+                ],
+                "hostProcesses": [{"cgroup": HOST_CGROUP, "gpu": 1, "memory": "512Mi", "pid": 4242}],
+            }
+        ]
+    }
+
+
+def pod_manifest(name: str, node: str, containers: list[str], resources: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": c, "image": "registry.k8s.io/pause:3.10", "resources": resources} for c in containers
+            ],
+        },
+    }
+
+
+def node_manifest(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"type": "kwok", "kubernetes.io/hostname": node, "nvidia.com/gpu.present": "true"},
+        },
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "2"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "2"},
+        },
+    }
+
+
+def expected_status(pods: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the scenario and the Pod objects say the report must hold."""
+
+    def cid(name: str, container: str) -> str:
+        # kwok shows no containerID; the simulation derives it (docs/agent.md).
+        return hashlib.sha256(f"{pods[name]['metadata']['uid']}/{container}".encode()).hexdigest()
+
+    def device(index: int, used: int) -> dict[str, Any]:
+        free = TOTAL - RESERVED - used
+        return {
+            "uuid": UUIDS[index],
+            "index": index,
+            "modelName": "NVIDIA H100 80GB HBM3",
+            "migEnabled": False,
+            "virtualizationMode": "None",
+            "memory": {
+                "totalBytes": TOTAL,
+                "reservedBytes": RESERVED,
+                "usedBytes": used,
+                "freeBytes": free,
+                "usableBytes": TOTAL - RESERVED,
+            },
+            "processBytes": used,
+            "processesComplete": True,
+            "health": "Healthy",
+        }
+
+    def pod(name: str, vram: int, ram: int, oom: int, devices: list, containers: list) -> dict[str, Any]:
+        meta = pods[name]["metadata"]
+        return {
+            "uid": meta["uid"],
+            "namespace": meta["namespace"],
+            "name": name,
+            "qosClass": pods[name]["status"]["qosClass"].lower(),
+            "attribution": "Measured",
+            "vramBytes": vram,
+            "ramWorkingSetBytes": ram,
+            "oomKills": oom,
+            "devices": devices,
+            "containers": containers,
+        }
+
+    def container(pod_name: str, name: str, vram: int, ram: int, oom: int = 0) -> dict[str, Any]:
+        return {
+            "name": name,
+            "containerID": cid(pod_name, name),
+            "vramBytes": vram,
+            "ramWorkingSetBytes": ram,
+            "oomKills": oom,
+        }
+
+    return {
+        "devices": [device(0, 28 * GIB), device(1, 30 * GIB + 512 * MIB)],
+        "pods": [
+            pod("idle", 0, GIB, 0, [], [container("idle", "main", 0, GIB)]),
+            pod(
+                "llm",
+                20 * GIB,
+                6 * GIB + 100 * MIB,
+                0,
+                [{"uuid": UUIDS[0], "usedBytes": 20 * GIB}],
+                [container("llm", "server", 20 * GIB, 6 * GIB), container("llm", "sidecar", 0, 100 * MIB)],
+            ),
+            pod(
+                "trainer",
+                38 * GIB,
+                12 * GIB,
+                1,
+                [{"uuid": UUIDS[0], "usedBytes": 8 * GIB}, {"uuid": UUIDS[1], "usedBytes": 30 * GIB}],
+                [container("trainer", "main", 38 * GIB, 12 * GIB, oom=1)],
+            ),
+        ],
+        "unattributed": [
+            {
+                "pid": 4242,
+                "device": UUIDS[1],
+                "usedBytes": 512 * MIB,
+                "reason": f"not in a pod: cgroup {HOST_CGROUP} names no kubelet pod",
+            }
+        ],
+        "truncated": False,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_ngu(cluster, node: str) -> dict[str, Any] | None:
+    out = cluster.kubectl("get", "nodegpuusage", node, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def comparable(status: dict[str, Any]) -> bytes:
+    """The measured part of a status as canonical JSON (trends depend on timing)."""
+    pods = [{k: v for k, v in p.items() if k != "trend"} for p in status.get("pods", [])]
+    subset = {
+        "devices": status.get("devices"),
+        "pods": pods,
+        "unattributed": status.get("unattributed", []),
+        "truncated": status.get("truncated"),
+    }
+    return json.dumps(subset, sort_keys=True).encode()
+
+
+@pytest.fixture
+def fake_node(cluster, namespace):
+    node = f"agent-{namespace[-6:]}"
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(node_manifest(node)))
+    cluster.kubectl("wait", "--for=condition=Ready", f"node/{node}", "--timeout=60s")
+    yield node
+    cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+    cluster.kubectl("delete", "nodegpuusage", node, "--wait=false", check=False)
+
+
+def create_pods(cluster, namespace: str, node: str) -> dict[str, dict[str, Any]]:
+    """The scenario's three pods, one per QoS class, Running on the kwok node."""
+    guaranteed = {"limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}}
+    burstable = {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+    besteffort = {"limits": {"nvidia.com/gpu": "1"}}
+    for manifest in (
+        pod_manifest("llm", node, ["server", "sidecar"], guaranteed),
+        pod_manifest("trainer", node, ["main"], burstable),
+        pod_manifest("idle", node, ["main"], besteffort),
+    ):
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+    cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod", "--all", "--timeout=90s")
+    pods = {
+        p["metadata"]["name"]: p
+        for p in json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    }
+    assert {p["status"]["qosClass"] for p in pods.values()} == {"Guaranteed", "Burstable", "BestEffort"}
+    return pods
+
+
+def test_agent_reports_the_scenario_for_real_pods(cluster, namespace, fake_node, tmp_path):
+    node = fake_node
+    scenario_file = tmp_path / "scenario.yaml"
+    scenario_file.write_text(yaml.safe_dump(scenario(node, namespace)))
+    port = free_port()
+    log = (tmp_path / "agent.log").open("w")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}", "KUBECONFIG": cluster.kubeconfig}
+    # The agent starts before the pods exist (as on a node that boots): it must pick
+    # their uids and names up from the watch.
+    agent = subprocess.Popen(
+        [
+            sys.executable, "-m", "vramguard_agent", "run",
+            "--backend", "sim", "--scenario", str(scenario_file), "--node", node,
+            "--sample-interval", "1s", "--heartbeat", "3s", "--min-report-interval", "1s",
+            "--metrics-address", f"127.0.0.1:{port}", "--log-level", "DEBUG",
+        ],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        early = wait_for(lambda: get_ngu(cluster, node), timeout=60, what="the first NodeGPUUsage")
+        assert not any(p.get("name") for p in early["status"]["pods"])  # no pods in the API yet
+        pods = create_pods(cluster, namespace, node)
+        expected = expected_status(pods)
+        # The pods' cgroups appear on the next rescan (at most every 5 s): wait for the match.
+        deadline, ngu = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            ngu = get_ngu(cluster, node)
+            if ngu and comparable(ngu.get("status", {})) == comparable(expected):
+                break
+            time.sleep(0.5)
+        assert ngu is not None
+        assert json.loads(comparable(ngu["status"])) == json.loads(comparable(expected))
+        assert comparable(ngu["status"]) == comparable(expected)
+        assert ngu["spec"] == {"nodeName": node}
+        owner = ngu["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"]) == ("Node", node)
+        status = ngu["status"]
+        assert (status["agent"]["backend"], status["agent"]["driverVersion"]) == ("sim", "570.133.20")
+        assert {c["type"]: c["status"] for c in status["conditions"]} == {
+            "AgentHealthy": "True",
+            "ProcessesMissing": "False",
+        }
+
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert f'namespace="{namespace}",pod="trainer"' in body and f'UUID="{UUIDS[1]}"' in body
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200
+
+        # A deleted report is re-created on the next write.
+        cluster.kubectl("delete", "nodegpuusage", node)
+        wait_for(
+            lambda: (o := get_ngu(cluster, node)) and comparable(o.get("status", {})) == comparable(expected),
+            timeout=30,
+            what="the NodeGPUUsage to be re-created",
+        )
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            code = agent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            code = None
+        log.close()
+        if code != 0:
+            print((tmp_path / "agent.log").read_text()[-5000:])
+    assert code == 0

@@ -1,0 +1,134 @@
+"""The vramguard-agent command: once, fake-host and argument errors (run is covered by e2e)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramguard_agent.cli import main, parser
+from vramguard_api.usage import NodeGPUUsageStatus
+
+ROOT = Path(__file__).resolve().parents[3]
+DEMO = ROOT / "examples" / "scenarios" / "demo.yaml"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-m", "vramguard_agent", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("node", "devices", "pods"),
+    [("gpu-h100-ts", 8, 5), ("gpu-a100-mig", 5, 4), ("gpu-a10-vgpu", 1, 2)],
+)
+def test_once_on_the_demo_scenario_prints_a_valid_status(node, devices, pods, capsys):
+    assert main(["once", "--backend", "sim", "--scenario", str(DEMO), "--node", node]) == 0
+    status = NodeGPUUsageStatus.model_validate(json.loads(capsys.readouterr().out))
+    assert len(status.devices) == devices and len(status.pods) == pods
+    assert all(p.name and p.namespace for p in status.pods)
+    assert {c.type: c.status for c in status.conditions} == {"AgentHealthy": "True", "ProcessesMissing": "False"}
+
+
+def test_once_at_a_fault_time_reports_it(capsys):
+    assert (
+        main(["once", "--backend", "sim", "--scenario", str(DEMO), "--node", "gpu-a10-vgpu", "--sim-offset", "21m"])
+        == 0
+    )
+    status = NodeGPUUsageStatus.model_validate(json.loads(capsys.readouterr().out))
+    assert {p.attribution for p in status.pods} == {"Unknown"}
+
+
+def test_fake_host_then_once_with_proc_root_in_a_subprocess(tmp_path):
+    out = run_cli("fake-host", "--scenario", str(DEMO), "--node", "gpu-a100-mig", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    written = json.loads(out.stdout)
+    assert sorted(written["pids"].values()) == [
+        "batch/ocr-0/ocr",
+        "batch/ocr-1/ocr",
+        "ml-serving/whisper-0/asr",
+        "research/finetune-small-0/trainer",
+    ]
+    out = run_cli(
+        "once",
+        "--backend",
+        "sim",
+        "--scenario",
+        str(DEMO),
+        "--node",
+        "gpu-a100-mig",
+        "--proc-root",
+        written["procRoot"],
+        "--cgroup-root",
+        written["cgroupRoot"],
+    )
+    assert out.returncode == 0, out.stderr
+    status = NodeGPUUsageStatus.model_validate(json.loads(out.stdout))
+    assert sorted(p.name for p in status.pods) == ["finetune-small-0", "ocr-0", "ocr-1", "whisper-0"]
+    assert all(p.ram_working_set_bytes for p in status.pods)
+
+
+def test_unknown_node_is_a_clear_error(capsys):
+    assert main(["once", "--backend", "sim", "--scenario", str(DEMO), "--node", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no node 'nope'" in err and "gpu-h100-ts" in err
+
+
+def test_run_without_a_cluster_configuration_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    missing = tmp_path / "no-kubeconfig"
+    assert (
+        main(
+            ["run", "--backend", "sim", "--scenario", str(DEMO), "--node", "gpu-a10-vgpu", "--kubeconfig", str(missing)]
+        )
+        == 2
+    )
+    assert "cannot load a Kubernetes configuration" in capsys.readouterr().err
+
+
+def test_bad_durations_and_fractions_are_refused():
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "--sample-interval", "often"])
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "--deadband-fraction", "2"])
+
+
+def test_run_defaults_and_environment(monkeypatch):
+    monkeypatch.setenv("NODE_NAME", "gpu-1")
+    monkeypatch.setenv("VRAMGUARD_SAMPLE_INTERVAL", "15s")
+    monkeypatch.setenv("VRAMGUARD_DEADBAND", "128Mi")
+    args = parser().parse_args(["run"])
+    assert (args.node, args.sample_interval, args.deadband) == ("gpu-1", 15.0, 128 * 1024 * 1024)
+    assert (args.heartbeat, args.min_report_interval, args.deadband_fraction) == (30.0, 5.0, 0.02)
+    assert args.backend == "nvml" and args.metrics_address == ":9402"
+
+
+def test_sim_speed_flag_environment_and_errors(monkeypatch):
+    assert parser().parse_args(["run"]).sim_speed == 1.0
+    assert parser().parse_args(["once", "--sim-speed", "60"]).sim_speed == 60.0
+    monkeypatch.setenv("VRAMGUARD_SIM_SPEED", "30")
+    assert parser().parse_args(["run"]).sim_speed == 30.0
+    for bad in ("0", "-2", "fast", "inf"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["run", "--sim-speed", bad])
+
+
+def test_once_at_sim_speed_samples_scenario_time(tmp_path):
+    """``--sim-speed`` reaches the simulated backend (it fails for a bad value)."""
+    from vramguard_agent.agent import build
+    from vramguard_agent.cli import _config
+
+    args = parser().parse_args(
+        ["once", "--backend", "sim", "--scenario", str(DEMO), "--node", "gpu-a10-vgpu", "--sim-speed", "120"]
+    )
+    parts = build(_config(args))
+    try:
+        assert parts.backend.speed == 120.0  # type: ignore[attr-defined]
+        assert parts.sampler.history_clock == parts.backend.now  # type: ignore[attr-defined]
+    finally:
+        parts.close()

@@ -1,0 +1,84 @@
+"""Bounded per-pod history and its trend features."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramguard_agent.history import HistoryStore, PodHistory
+
+from .builders import GIB, MIB
+
+
+def test_history_is_bounded_in_points_and_time():
+    h = PodHistory(window_s=100.0, max_points=10)  # buckets of 10 s
+    for t in range(0, 1000, 10):
+        h.add(float(t), float(t))
+    assert len(h) == 10
+    assert h.times[-1] == 990.0 and h.times[0] >= 990.0 - 100.0
+
+
+def test_samples_in_one_bucket_keep_the_minimum():
+    h = PodHistory(window_s=100.0, max_points=10)
+    for t, v in [(0.0, 5.0), (3.0, 2.0), (6.0, 9.0), (12.0, 7.0)]:
+        h.add(t, v)
+    assert list(h.values) == [2.0, 7.0]
+    assert list(h.times) == [6.0, 12.0]
+
+
+def test_unknown_values_are_not_recorded_and_stale_pods_forgotten():
+    store = HistoryStore(window_s=60.0, max_points=6)
+    store.add(0.0, {"a": GIB, "b": None})
+    assert store.trend("b", 0.0) is None and store.trend("a", 0.0).samples == 1
+    store.add(30.0, {"b": GIB})
+    store.add(61.0, {"b": GIB})
+    assert store.trend("a", 61.0) is None  # not seen for a whole window
+    assert len(store) == 1
+
+
+def test_pod_count_is_bounded():
+    store = HistoryStore(window_s=60.0, max_points=6, max_pods=2)
+    store.add(0.0, {"a": 1, "b": 2, "c": 3})
+    assert len(store) == 2
+
+
+def test_leak_shows_as_growth_and_a_rising_floor():
+    store = HistoryStore(window_s=3600.0, max_points=120, trend_interval_s=0.0)
+    rate = 2 * GIB  # per hour, under a 512 MiB sawtooth
+    for t in range(0, 3600, 10):
+        saw = (t % 120) / 120 * 512 * MIB
+        store.add(float(t), {"leaky": int(8 * GIB + rate * t / 3600 + saw), "flat": int(8 * GIB + saw)})
+    leaky, flat = store.trend("leaky", 3590.0), store.trend("flat", 3590.0)
+    assert leaky.growth_bytes_per_hour == pytest.approx(rate, rel=0.1)
+    assert leaky.floor_rise_bytes > GIB
+    assert abs(flat.growth_bytes_per_hour) < 64 * MIB
+    assert leaky.window_seconds >= 3500 and leaky.samples <= 120
+
+
+def test_trend_is_recomputed_only_after_the_interval():
+    store = HistoryStore(window_s=600.0, max_points=60, trend_interval_s=60.0)
+    for t in range(0, 100, 10):
+        store.add(float(t), {"p": t * MIB})
+    first = store.trend("p", 100.0)
+    store.add(110.0, {"p": 500 * MIB})
+    assert store.trend("p", 130.0) is first
+    assert store.trend("p", 161.0) is not first
+
+
+def test_first_refreshes_are_spread_over_the_interval():
+    store = HistoryStore(window_s=600.0, max_points=60, trend_interval_s=100.0)
+    uids = [f"pod-{i}" for i in range(50)]
+    store.add(0.0, dict.fromkeys(uids, GIB))
+    first = store.trends(uids, 0.0)
+    refreshed_at = {}
+    for t in range(1, 101):
+        store.add(float(t), dict.fromkeys(uids, GIB))
+        for uid in uids:
+            if uid not in refreshed_at and store.trend(uid, float(t)) is not first[uid]:
+                refreshed_at[uid] = t
+    assert len(refreshed_at) == 50 and max(refreshed_at.values()) <= 100
+    assert len(set(refreshed_at.values())) > 10  # not all in the same sample
+
+
+def test_invalid_settings_are_refused():
+    with pytest.raises(ValueError, match="max_points"):
+        HistoryStore(window_s=60.0, max_points=2)

@@ -1,0 +1,143 @@
+"""RAM working set and OOM kills from cgroup v1 and v2 trees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vramguard_agent.memory import (
+    RESCAN_MIN_INTERVAL_S,
+    CgroupMemoryReader,
+    detect_version,
+    working_set,
+)
+
+UID = "7fda01c4-0ece-403d-88b4-c371d66d132a"
+CID = "e58a24d4a722c99712cff74ef69d93311089584eb32617b3890e0dcb996133f1"
+CID2 = "5ec84d8dbc74254770f58904dba41ecccc3fc1626e53a13043b026c48bbf33fe"
+SYSTEMD_POD = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice"
+
+
+def write_v2(directory: Path, current: int, inactive: int, oom: int | None = 0) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "memory.current").write_text(f"{current}\n")
+    (directory / "memory.stat").write_text(f"anon 1\nfile {inactive}\nactive_file 0\ninactive_file {inactive}\n")
+    if oom is not None:
+        (directory / "memory.events").write_text(f"low 0\nhigh 0\nmax 3\noom 2\noom_kill {oom}\n")
+
+
+def write_v1(directory: Path, usage: int, inactive: int, oom: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    (directory / "memory.stat").write_text(f"cache {inactive}\ninactive_file 5\ntotal_inactive_file {inactive}\n")
+    (directory / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {oom}\n")
+
+
+def v2_root(tmp_path: Path) -> Path:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    return tmp_path
+
+
+def test_working_set_is_usage_minus_inactive_file_floored_at_zero():
+    assert working_set(1000, 300) == 700
+    assert working_set(100, 300) == 0
+    assert working_set(100, None) == 100
+
+
+def test_v1_uses_total_inactive_file_and_odd_stat_lines_are_ignored(tmp_path):
+    pod_dir = tmp_path / "memory" / "kubepods" / f"pod{UID}"
+    write_v1(pod_dir, usage=8_000, inactive=2_000, oom=0)
+    stat = pod_dir / "memory.stat"
+    stat.write_text("garbage\n" + stat.read_text() + "inactive_file_extra 9\n")
+    pod = CgroupMemoryReader(tmp_path).read({UID: set()})[UID]
+    assert pod.pod.working_set_bytes == 6_000  # total_inactive_file, not the local inactive_file (5)
+    assert pod.pod.oom_kills == 0
+
+
+def test_detect_version(tmp_path):
+    assert detect_version(tmp_path) is None
+    (tmp_path / "cgroup.controllers").write_text("")
+    assert detect_version(tmp_path) == 2
+    (tmp_path / "memory").mkdir()  # hybrid: a v1 memory hierarchy next to the unified one
+    assert detect_version(tmp_path) == 1
+
+
+def test_v2_pod_and_containers(tmp_path):
+    root = v2_root(tmp_path)
+    write_v2(root / SYSTEMD_POD, current=10_000, inactive=1_000, oom=2)
+    write_v2(root / SYSTEMD_POD / f"cri-containerd-{CID}.scope", current=6_000, inactive=500, oom=2)
+    write_v2(root / SYSTEMD_POD / f"cri-containerd-{CID2}.scope", current=3_000, inactive=0, oom=0)
+    (root / "system.slice" / "containerd.service").mkdir(parents=True)
+    result = CgroupMemoryReader(root).read({UID: {CID}})
+    pod = result[UID]
+    assert (pod.pod.working_set_bytes, pod.pod.oom_kills) == (9_000, 2)  # v2 events are hierarchical
+    assert pod.containers[CID].working_set_bytes == 5_500
+    assert pod.containers[CID2].working_set_bytes == 3_000
+
+
+def test_v2_kind_nesting_is_found(tmp_path):
+    root = v2_root(tmp_path)
+    node = "system.slice/docker-" + "f" * 64 + ".scope/kubelet.slice/kubelet-kubepods.slice"
+    pod_dir = (
+        root
+        / node
+        / "kubelet-kubepods-besteffort.slice"
+        / f"kubelet-kubepods-besteffort-pod{UID.replace('-', '_')}.slice"
+    )
+    write_v2(pod_dir, 4_000, 1_000)
+    write_v2(pod_dir / f"cri-containerd-{CID}.scope", 4_000, 1_000)
+    pod = CgroupMemoryReader(root).read({UID: {CID}})[UID]
+    assert pod.pod.working_set_bytes == 3_000 and pod.containers[CID].working_set_bytes == 3_000
+
+
+def test_v1_cgroupfs_pod_oom_is_its_own_plus_its_containers(tmp_path):
+    pod_dir = tmp_path / "memory" / "kubepods" / "burstable" / f"pod{UID}"
+    write_v1(pod_dir, usage=8_000, inactive=2_000, oom=1)
+    write_v1(pod_dir / CID, usage=5_000, inactive=1_000, oom=3)
+    (tmp_path / "unified").mkdir()
+    reader = CgroupMemoryReader(tmp_path)
+    pod = reader.read({UID: {CID}})[UID]
+    assert reader.version == 1
+    assert pod.pod.working_set_bytes == 6_000 and pod.pod.oom_kills == 4
+    assert pod.containers[CID].working_set_bytes == 4_000 and pod.containers[CID].oom_kills == 3
+
+
+def test_unreadable_files_give_none_not_zero(tmp_path):
+    root = v2_root(tmp_path)
+    pod_dir = root / SYSTEMD_POD
+    write_v2(pod_dir, 1_000, 0, oom=None)
+    (pod_dir / "memory.stat").unlink()
+    pod = CgroupMemoryReader(root).read({UID: set()})[UID]
+    assert pod.pod.working_set_bytes is None and pod.pod.oom_kills is None
+
+
+def test_unknown_pods_are_left_out(tmp_path):
+    assert CgroupMemoryReader(v2_root(tmp_path)).read({UID: set()}) == {}
+    assert CgroupMemoryReader(tmp_path / "absent").read({UID: set()}) == {}
+
+
+def test_v2_container_oom_counts_are_reread_only_when_the_pods_count_moves(tmp_path):
+    root = v2_root(tmp_path)
+    container = root / SYSTEMD_POD / f"cri-containerd-{CID}.scope"
+    write_v2(root / SYSTEMD_POD, 1_000, 0, oom=1)
+    write_v2(container, 1_000, 0, oom=1)
+    reader = CgroupMemoryReader(root)
+    assert reader.read({UID: {CID}})[UID].containers[CID].oom_kills == 1
+    (container / "memory.events").write_text("oom_kill 7\n")  # not how the kernel behaves: proves no re-read
+    assert reader.read({UID: {CID}})[UID].containers[CID].oom_kills == 1
+    (root / SYSTEMD_POD / "memory.events").write_text("oom_kill 2\n")
+    pod = reader.read({UID: {CID}})[UID]
+    assert (pod.pod.oom_kills, pod.containers[CID].oom_kills) == (2, 7)
+
+
+def test_rescans_for_a_new_container_at_most_every_interval(tmp_path):
+    now = [0.0]
+    root = v2_root(tmp_path)
+    write_v2(root / SYSTEMD_POD, 1_000, 0)
+    write_v2(root / SYSTEMD_POD / f"cri-containerd-{CID}.scope", 1_000, 0)
+    reader = CgroupMemoryReader(root, clock=lambda: now[0])
+    assert set(reader.read({UID: {CID}})[UID].containers) == {CID}
+    write_v2(root / SYSTEMD_POD / f"cri-containerd-{CID2}.scope", 500, 0)
+    now[0] = RESCAN_MIN_INTERVAL_S / 2
+    assert set(reader.read({UID: {CID, CID2}})[UID].containers) == {CID}
+    now[0] = RESCAN_MIN_INTERVAL_S + 1
+    assert set(reader.read({UID: {CID, CID2}})[UID].containers) == {CID, CID2}

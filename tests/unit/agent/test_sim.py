@@ -1,0 +1,203 @@
+"""The simulated backend: identities, the fake host it writes, and faults over time."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from vramguard_agent.cgroups import Attribution, attribute_pid
+from vramguard_agent.gpu import BackendUnavailable
+from vramguard_agent.memory import CgroupMemoryReader
+from vramguard_agent.pods import PodMeta
+from vramguard_agent.scenario import Scenario
+from vramguard_agent.sim import FIRST_PID, FakeHost, SimBackend, assign_pids, resolve
+
+from .builders import GIB, MIB
+
+
+def scenario(cgroup=None, faults=(), mig=False, **pod_extra):
+    gpu = {"model": "NVIDIA H100 80GB HBM3", "count": 2, "memory": "81559Mi", "reserved": "579Mi"}
+    process = {"gpu": 1, "memory": {"linear": {"start": "1Gi", "perHour": "1Gi"}}}
+    host = {"cgroup": "/user.slice/session-1.scope", "gpu": 0, "memory": "300Mi", "pid": 777}
+    if mig:
+        gpu = {
+            "model": "NVIDIA A100-SXM4-40GB",
+            "memory": "40960Mi",
+            "reserved": "570Mi",
+            "mig": [{"profile": "3g.20gb", "memory": "19968Mi"}, {"profile": "1g.5gb", "memory": "4864Mi"}],
+        }
+        process = {"gpu": 0, "mig": 1, "memory": "1Gi"}
+        host["mig"] = 0
+    pod = {
+        "namespace": "ns",
+        "name": "trainer",
+        "containers": [
+            {"name": "main", "ram": "2Gi", "pageCache": "1Gi", "oomKills": 2, "processes": [process]},
+            {"name": "side", "ram": "100Mi"},
+        ],
+        **pod_extra,
+    }
+    node = {
+        "name": "n1",
+        "cgroup": cgroup or {},
+        "gpus": [gpu],
+        "pods": [pod],
+        "hostProcesses": [host],
+        "faults": list(faults),
+    }
+    return Scenario.model_validate({"nodes": [node]}).node("n1")
+
+
+def test_pids_are_assigned_in_order_skipping_explicit_ones():
+    node = scenario()
+    assert sorted(assign_pids(node)) == [777, FIRST_PID]
+
+
+def test_identities_come_from_the_api_when_the_pod_is_there():
+    node = scenario()
+    derived = resolve(node, {})[("ns", "trainer")]
+    assert derived.uid == resolve(node, {})[("ns", "trainer")].uid  # stable
+    assert derived.containers["main"] == hashlib.sha256(f"{derived.uid}/main".encode()).hexdigest()
+    api = {"u-1": PodMeta("u-1", "ns", "trainer", containers={"f" * 64: "main"})}
+    real = resolve(node, api)[("ns", "trainer")]
+    assert real.uid == real.cgroup_uid == "u-1"
+    assert real.containers["main"] == "f" * 64
+    assert real.containers["side"] == hashlib.sha256(b"u-1/side").hexdigest()
+
+
+def test_static_pods_use_the_config_hash():
+    node = scenario(static=True)
+    identity = resolve(node, {})[("ns", "trainer")]
+    assert identity.cgroup_uid == hashlib.md5(b"ns/trainer").hexdigest()
+    mirror = {"u-2": PodMeta("u-2", "ns", "trainer", config_hash="c" * 32)}
+    assert resolve(node, mirror)[("ns", "trainer")].cgroup_uid == "c" * 32
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        {"version": 2, "driver": "systemd", "runtime": "containerd"},
+        {"version": 1, "driver": "cgroupfs", "runtime": "containerd"},
+        {"version": 2, "driver": "systemd", "runtime": "cri-o"},
+        {"version": 1, "driver": "systemd", "runtime": "docker"},
+    ],
+)
+def test_fake_host_reads_back_through_the_real_readers(tmp_path, cgroup):
+    node = scenario(cgroup=cgroup, qos="besteffort")
+    identities = resolve(node, {})
+    identity = identities[("ns", "trainer")]
+    host = FakeHost(tmp_path, node)
+    host.write(identities, assign_pids(node), t=0.0)
+    found = attribute_pid(FIRST_PID, host.proc_root)
+    assert isinstance(found, Attribution)
+    assert (found.pod_uid, found.container_id, found.qos) == (identity.uid, identity.containers["main"], "besteffort")
+    assert found.runtime == ("unknown" if cgroup["driver"] == "cgroupfs" else cgroup["runtime"])
+    assert not isinstance(attribute_pid(777, host.proc_root), Attribution)
+    memory = CgroupMemoryReader(host.cgroup_root).read({identity.uid: set()})[identity.uid]
+    assert memory.pod.working_set_bytes == 2 * GIB + 100 * MIB
+    assert memory.containers[identity.containers["main"]].working_set_bytes == 2 * GIB
+    assert memory.containers[identity.containers["main"]].oom_kills == 2
+    assert memory.pod.oom_kills == 2
+
+
+def test_backend_plays_memory_over_time_through_nvml():
+    now = [0.0]
+    backend = SimBackend(scenario(), clock=lambda: now[0])
+    d0, d1 = backend.sample().devices
+    assert [(p.pid, p.used_bytes) for p in d1.processes] == [(FIRST_PID, GIB)]
+    assert [(p.pid, p.used_bytes) for p in d0.processes] == [(777, 300 * MIB)]
+    now[0] = 1800.0
+    assert backend.sample().devices[1].processes[0].used_bytes == GIB + 512 * MIB
+    assert backend.sample().devices[1].memory.used == GIB + 512 * MIB  # v2 used: processes only
+
+
+def test_processes_start_and_stop_with_their_window():
+    node = scenario()
+    node.pods[0].containers[0].processes[0].start = 60.0
+    node.pods[0].containers[0].processes[0].until = 120.0
+    now = [0.0]
+    backend = SimBackend(node, clock=lambda: now[0])
+    seen = []
+    for t in (0.0, 60.0, 119.0, 120.0):
+        now[0] = t
+        seen.append(len(backend.sample().devices[1].processes))
+    assert seen == [0, 1, 1, 0]
+
+
+@pytest.mark.parametrize(
+    ("fault", "check"),
+    [
+        ({"type": "gpu-lost", "gpu": 1}, lambda s: s.devices[1].health == "Lost" and s.devices[0].health == "Healthy"),
+        ({"type": "not-available"}, lambda s: s.devices[1].processes[0].used_bytes is None),
+        (
+            {"type": "hide-processes", "gpu": 1},
+            lambda s: s.devices[1].processes == [] and s.devices[1].memory.used >= GIB,
+        ),
+    ],
+)
+def test_gpu_faults_apply_inside_their_window(fault, check):
+    now = [0.0]
+    backend = SimBackend(scenario(faults=[{**fault, "from": "1m", "until": "2m"}]), clock=lambda: now[0])
+    assert not check(backend.sample())
+    now[0] = 90.0
+    assert check(backend.sample())
+    now[0] = 150.0
+    assert not check(backend.sample())
+
+
+def test_nvml_unavailable_fault_and_recovery():
+    now = [0.0]
+    backend = SimBackend(
+        scenario(faults=[{"type": "nvml-unavailable", "from": "1m", "until": "2m"}]), clock=lambda: now[0]
+    )
+    backend.sample()
+    now[0] = 61.0
+    with pytest.raises(BackendUnavailable):
+        backend.sample()
+    now[0] = 121.0
+    assert len(backend.sample().devices) == 2
+
+
+def test_no_v3_fault_uses_the_v2_functions():
+    backend = SimBackend(scenario(faults=[{"type": "no-v3"}]))
+    assert backend.sample().devices[1].processes[0].pid == FIRST_PID
+    assert backend.fake.calls.get("nvmlDeviceGetComputeRunningProcesses_v2", 0) >= 2
+
+
+def test_mig_faults_degrade_the_instance_only():
+    faults = [{"type": "mig-listing-not-supported", "mig": 1}, {"type": "mig-parent-no-permission"}]
+    sample = SimBackend(scenario(mig=True, faults=faults)).sample()
+    parent, big, small = sample.devices
+    assert (big.mig_profile, [p.pid for p in big.processes]) == ("3g.20gb", [777])
+    assert small.processes is None and "NoPermission" in small.process_error
+    sample = SimBackend(scenario(mig=True, faults=faults[:1])).sample()  # privileged parent
+    assert [p.pid for p in sample.devices[2].processes] == [FIRST_PID]
+
+
+def test_pod_metas_stand_in_for_the_api():
+    backend = SimBackend(scenario())
+    (meta,) = backend.pod_metas().values()
+    assert (meta.namespace, meta.name, meta.gpu, sorted(meta.containers.values())) == (
+        "ns",
+        "trainer",
+        True,
+        ["main", "side"],
+    )
+    assert set(backend.container_names().values()) == {"main", "side"}
+
+
+def test_speed_plays_scenario_time_faster_than_the_clock():
+    now = [0.0]
+    backend = SimBackend(scenario(), clock=lambda: now[0], offset_s=600.0, speed=60.0)
+    assert backend.now() == 600.0
+    now[0] = 30.0  # half a minute of clock is half an hour of scenario
+    assert backend.now() == 600.0 + 1800.0
+    # linear 1Gi + 1Gi/h, at scenario time 40 min
+    assert backend.sample().devices[1].processes[0].used_bytes == GIB + GIB * 2400 // 3600
+
+
+@pytest.mark.parametrize("speed", [0.0, -1.0, float("inf"), float("nan")])
+def test_speed_must_be_a_positive_number(speed):
+    with pytest.raises(ValueError, match="sim speed"):
+        SimBackend(scenario(), speed=speed)

@@ -1,0 +1,243 @@
+"""``vramguard analyze`` on plain and nvidia-smi CSV logs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vramguard_operator.cli import main
+
+from .corpus import CORPUS, trace
+
+MIB, GIB = 2**20, 2**30
+ROOT = Path(__file__).resolve().parents[3]
+START = datetime(2024, 5, 1, 12, 0, 0, 123000)
+LEAKING, FLAT = "linear-2.csv", "eval-spikes-1.csv"
+
+
+def stamp(t: float) -> str:
+    """An nvidia-smi timestamp: ``2024/05/01 12:00:00.123``."""
+    return f"{START + timedelta(seconds=float(t)):%Y/%m/%d %H:%M:%S.%f}"[:-3]
+
+
+def mib(value: float, units: bool = True) -> str:
+    return f"{int(round(value / MIB))}" + (" MiB" if units else "")
+
+
+def gpu_log(*names: str, units: bool = True, header: bool = True) -> str:
+    """``--query-gpu=timestamp,memory.used`` output with one GPU per corpus trace."""
+    traces = [trace(n) for n in names]
+    n = min(tr.t.size for tr in traces)
+    lines = ["timestamp, memory.used [MiB]"] if header else []
+    for i in range(n):
+        for g, tr in enumerate(traces):
+            lines.append(f"{stamp(traces[0].t[i] + g * 0.002)}, {mib(tr.v[i], units)}")
+    return "\n".join(lines) + "\n"
+
+
+def apps_log() -> str:
+    """``--query-compute-apps=timestamp,pid,process_name,used_gpu_memory`` output: pid
+    4242 leaks, pid 4343 does not and sometimes reads [N/A]."""
+    leaking, flat = trace(LEAKING), trace(FLAT)
+    lines = ["timestamp, pid, process_name, used_gpu_memory [MiB]"]
+    for i in range(min(leaking.t.size, flat.t.size)):
+        when = stamp(leaking.t[i])
+        lines.append(f"{when}, 4242, /usr/bin/python3, {mib(leaking.v[i])}")
+        lines.append(f"{when}, 4343, python, {'[N/A]' if i % 50 == 0 else mib(flat.v[i])}")
+    return "\n".join(lines) + "\n"
+
+
+def analyze(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["analyze", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def objects(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_plain_csv_leak_with_limit(capsys):
+    code, out, _ = analyze(capsys, str(CORPUS / LEAKING), "--limit", "40Gi", "--json")
+    assert code == 1
+    [obj] = objects(out)
+    assert set(obj) == {
+        "series",
+        "leak",
+        "growth_bytes_per_hour",
+        "growth_low_bytes_per_hour",
+        "onset_t_seconds",
+        "time_to_limit_seconds",
+        "samples",
+    }
+    assert obj["leak"] is True and obj["samples"] == trace(LEAKING).t.size
+    assert obj["growth_bytes_per_hour"] == pytest.approx(
+        trace(LEAKING).rate_bytes_per_hour, rel=0.1
+    )
+    assert isinstance(obj["onset_t_seconds"], float) and isinstance(
+        obj["time_to_limit_seconds"], float
+    )
+
+
+def test_plain_csv_without_leak_exits_zero_and_reads_as_text(capsys):
+    code, out, _ = analyze(capsys, str(CORPUS / FLAT), "--limit", "80Gi")
+    assert code == 0
+    assert "leak: no" in out and "time to limit 80Gi: not projected" in out
+
+
+def test_plain_csv_header_is_optional(tmp_path, capsys):
+    body = (CORPUS / LEAKING).read_text().splitlines()[1:]
+    path = tmp_path / "noheader.csv"
+    path.write_text("\n".join(body) + "\n")
+    code, out, _ = analyze(capsys, str(path), "--json")
+    assert code == 1 and objects(out)[0]["samples"] == len(body)
+
+
+def test_unreadable_line_is_an_error_naming_its_line(tmp_path, capsys):
+    path = tmp_path / "bad.csv"
+    path.write_text("t_seconds,bytes\n0,1073741824\n15,1073741824\n\n30,lots\n")
+    code, out, err = analyze(capsys, str(path))
+    assert code == 2 and out == ""
+    assert "line 5" in err and "bytes is not a number: 'lots'" in err and str(path) in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0,1\n15\n", "line 2: expected t_seconds,bytes"),
+        ("0,1\n15,-3\n", "line 2: bytes must not be negative"),
+        ("0,1\n15,2\n10,3\n", "line 3: t_seconds must increase, got 10 after 15"),
+        ("0,1\n15,2\n15,3\n", "line 3: t_seconds must increase"),
+        (
+            "timestamp, memory.used [MiB]\n2024/05/01 12:00:09.000, 12 MiB\n2024/05/01 12:00:01.000, 1 MiB\n",
+            "line 3: time goes back",
+        ),
+        (
+            "timestamp, memory.used [MiB]\n2024/05/01 12:00:00.000, 12 MiB\nyesterday, 13 MiB\n",
+            "line 3: bad timestamp",
+        ),
+        (
+            "timestamp, memory.used [MiB]\n2024/05/01 12:00:00.000, twelve\n",
+            "line 2: bad memory value 'twelve'",
+        ),
+        (
+            "timestamp, pid, used_gpu_memory [MiB]\n2024/05/01 12:00:00.000, 1\n",
+            "line 2: expected 3 fields",
+        ),
+        ("timestamp, name\n2024/05/01 12:00:00.000, H100\n", "line 1: an nvidia-smi log needs"),
+        ("# only a comment\n", "no samples"),
+    ],
+)
+def test_bad_logs(tmp_path, capsys, text, message):
+    path = tmp_path / "log.csv"
+    path.write_text(text)
+    code, _, err = analyze(capsys, str(path))
+    assert code == 2 and message in err
+
+
+def test_missing_file_and_bad_limit(tmp_path, capsys):
+    code, _, err = analyze(capsys, str(tmp_path / "absent.csv"))
+    assert code == 2 and "cannot read" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", str(CORPUS / FLAT), "--limit", "lots"])
+    assert (
+        exit_info.value.code == 2 and "--limit: invalid quantity 'lots'" in capsys.readouterr().err
+    )
+
+
+def test_nvidia_smi_gpu_log_gives_one_series_per_gpu(tmp_path, capsys):
+    path = tmp_path / "gpu.csv"
+    path.write_text(gpu_log(FLAT, LEAKING))
+    code, out, _ = analyze(capsys, str(path), "--json")
+    assert code == 1
+    flat, leaking = objects(out)
+    assert (flat["series"], flat["leak"]) == ("gpu 0", False)
+    assert (leaking["series"], leaking["leak"]) == ("gpu 1", True)
+    # Times come from the timestamps (seconds from the first one), so the onset matches.
+    assert leaking["onset_t_seconds"] == pytest.approx(trace(LEAKING).onset_t_seconds, abs=600)
+
+
+def test_nvidia_smi_gpu_log_without_units_or_header(tmp_path, capsys):
+    path = tmp_path / "gpu.csv"
+    path.write_text(gpu_log(LEAKING, units=False, header=False))
+    code, out, _ = analyze(capsys, str(path), "--json")
+    assert code == 1 and objects(out)[0]["leak"] is True
+
+
+def test_nvidia_smi_gpu_log_keyed_by_index_with_repeated_headers(tmp_path, capsys):
+    text = "timestamp, index, memory.used [MiB]\n"
+    for i, (t, value) in enumerate(zip(trace(LEAKING).t, trace(LEAKING).v, strict=True)):
+        if i % 100 == 0:
+            text += "timestamp, index, memory.used [MiB]\n"
+        text += f"{stamp(t)}, 3, {mib(value)}\n"
+    path = tmp_path / "gpu.csv"
+    path.write_text(text)
+    code, out, _ = analyze(capsys, str(path))
+    assert (
+        code == 1
+        and out.startswith("index 3: ")
+        and "leak: yes" in out
+        and "since 2024/05/01" in out
+    )
+
+
+def test_nvidia_smi_compute_apps_log_gives_one_series_per_pid(tmp_path, capsys):
+    path = tmp_path / "apps.csv"
+    path.write_text(apps_log())
+    code, out, _ = analyze(capsys, str(path), "--json")
+    assert code == 1
+    by_series = {o["series"]: o for o in objects(out)}
+    assert by_series["pid 4242 (/usr/bin/python3)"]["leak"] is True
+    flat = by_series["pid 4343 (python)"]
+    assert flat["leak"] is False
+    # [N/A] readings are missing samples, not zeros.
+    n = min(trace(LEAKING).t.size, trace(FLAT).t.size)
+    assert flat["samples"] == n - len(range(0, n, 50))
+
+
+def test_pid_picks_one_process(tmp_path, capsys):
+    path = tmp_path / "apps.csv"
+    path.write_text(apps_log())
+    code, out, _ = analyze(capsys, str(path), "--pid", "4343", "--json")
+    assert code == 0 and [o["series"] for o in objects(out)] == ["pid 4343 (python)"]
+    code, _, err = analyze(capsys, str(path), "--pid", "99")
+    assert code == 2 and "--pid 99: no such process in the log; pids: 4242, 4343" in err
+
+
+def test_process_names_with_commas_and_two_gpus_per_pid(tmp_path, capsys):
+    lines = ["timestamp, pid, process_name, used_gpu_memory [MiB]"]
+    for t in np.arange(0, 3 * 3600, 30.0):
+        used = 10 * GIB + t / 3600 * GIB  # 1 GiB/h in all, half on each GPU
+        for _ in range(2):
+            lines.append(f"{stamp(t)}, 77, python -c a,b, {mib(used / 2)}")
+    path = tmp_path / "apps.csv"
+    path.write_text("\n".join(lines) + "\n")
+    code, out, _ = analyze(capsys, str(path), "--json")
+    [obj] = objects(out)
+    assert code == 1 and obj["series"] == "pid 77 (python -c a,b)"
+    assert obj["growth_bytes_per_hour"] == pytest.approx(GIB, rel=0.05)
+
+
+def test_thresholds_can_be_set(capsys):
+    code, out, _ = analyze(capsys, str(CORPUS / LEAKING), "--min-growth", "4Gi", "--json")
+    assert code == 0 and objects(out)[0]["leak"] is False
+    code, _, _ = analyze(capsys, str(CORPUS / LEAKING), "--min-window", "10h")
+    assert code == 0
+
+
+def test_the_installed_command_runs(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "vramguard_operator", "analyze", str(CORPUS / FLAT), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": "api:operator:agent", "PATH": ""},
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["leak"] is False

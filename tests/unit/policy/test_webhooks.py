@@ -1,0 +1,66 @@
+"""The webhooks' configuration and the views they read from kopf's indexes
+(the admission handlers themselves run in tests/e2e/test_policy_e2e.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramguard_operator.index_views import budgets_of, labels_of, namespaces_of, nodes_of, policies_of
+from vramguard_operator.indexes import Versioned, budget_entry, namespace_entry, policy_entry
+from vramguard_operator.policy_handlers import node_entry
+from vramguard_operator.webhooks import WebhookConfig
+
+from .builders import device, node_obj, policy, report
+
+
+def test_config_from_env() -> None:
+    assert WebhookConfig.from_env({}) is None
+    cfg = WebhookConfig.from_env(
+        {
+            "VRAMGUARD_WEBHOOK_PORT": "9443",
+            "VRAMGUARD_WEBHOOK_TLS_DIR": "/tls",
+            "VRAMGUARD_WEBHOOK_MANAGED": "true",
+            "VRAMGUARD_WEBHOOK_EXTRA_SANS": "a.svc,b.svc",
+        }
+    )
+    assert cfg == WebhookConfig(9443, "/tls", managed=True, extra_sans=("a.svc", "b.svc"))
+    assert cfg.hosts() == ["127.0.0.1", "localhost", "a.svc", "b.svc"]
+    with pytest.raises(ValueError, match="VRAMGUARD_WEBHOOK_PORT"):
+        WebhookConfig.from_env({"VRAMGUARD_WEBHOOK_PORT": "https"})
+
+
+def test_hosts_include_a_specific_listen_address() -> None:
+    assert WebhookConfig(1, "/t", addr="10.0.0.5", host="10.0.0.5").hosts() == ["10.0.0.5", "localhost", "127.0.0.1"]
+
+
+def test_node_entry_keeps_gpu_nodes_only() -> None:
+    assert node_entry(node_obj("gpu-h100-ts")) is not None
+    mig = node_entry(node_obj("gpu-a100-mig"))
+    assert mig is not None and mig["status"]["allocatable"]["nvidia.com/mig-1g.5gb"] == "2"
+    assert node_entry({"metadata": {"name": "cpu", "labels": {}}, "status": {"allocatable": {"cpu": "4"}}}) is None
+    aliyun = {"metadata": {"name": "a"}, "status": {"allocatable": {"aliyun.com/gpu-mem": "160"}}}
+    assert node_entry(aliyun) is not None
+
+
+def test_index_views() -> None:
+    pol = policy("p", ceilings={"perPod": {"vram": "8Gi"}})
+    policy_index = {
+        "p": [policy_entry(pol.to_api())],
+        "broken": [Versioned("u", "1", "GPUMemoryPolicy broken: bad")],
+    }
+    assert [p.metadata.name for p in policies_of(policy_index)] == ["p"]
+    ns_index = {"ml": [namespace_entry({"metadata": {"uid": "u", "labels": {"team": "a"}}})]}
+    assert labels_of(ns_index, "ml") == {"team": "a"} and labels_of(ns_index, "x") == {}
+    assert namespaces_of(ns_index) == {"ml": {"team": "a"}}
+    good = {
+        "metadata": {"name": "b", "namespace": "ml", "uid": "u1"},
+        "spec": {"selector": {}, "limits": {"perPod": {"vram": "1Gi"}}},
+    }
+    bad = {"metadata": {"name": "c", "namespace": "ml", "uid": "u2"}, "spec": {"selector": {}}}
+    budget_index = {"ml": [budget_entry(good), budget_entry(bad)]}
+    assert [b.metadata.name for b in budgets_of(budget_index, "ml")] == ["b"]
+    node_index = {"gpu-h100-ts": [node_entry(node_obj("gpu-h100-ts"))]}
+    report_index = {"gpu-h100-ts": [Versioned("u", "1", report("gpu-h100-ts", [device("GPU-a", 80000, 500)]))]}
+    (facts,) = nodes_of(node_index, report_index)
+    assert facts.name == "gpu-h100-ts" and facts.device_usable() == ((80000 - 500) * 2**20, "report")
+    assert policies_of(None) == [] and nodes_of(None, None) == []

@@ -1,6 +1,6 @@
 """Leak detection on one VRAM series: a rising floor told apart from a sawtooth.
 
-Pure (numpy and scipy only) and shared by the agent (trend features in its node
+Pure (numpy only) and shared by the agent (trend features in its node
 report) and the operator (leak violations), so that both decide alike. The
 method, its parameters and its measured figures are in docs/leak-detection.md.
 
@@ -18,7 +18,7 @@ Outline of :func:`detect_leak`:
 3. **Onset.** A hockey stick (flat, then rising linearly from an onset) is fitted
    to the floor by least squares over every candidate onset.
 4. **Growth.** The Theil–Sen slope of the floor since the onset
-   (``scipy.stats.theilslopes``) with its 95% confidence interval.
+   (``scipy.stats.theilslopes`` re-stated on numpy in ``robust.py``) with its 95% confidence interval.
 5. **Decision.** The rise is *structural* when it is significant (lower bound
    at least ``MIN_LOW_RATIO`` of the growth, rise at least ``MIN_SNR`` times the
    floor's scatter), persists (each half climbs), is still climbing (its tail)
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import theilslopes
+
+from .robust import theil_sen as theilslopes  # scipy.stats.theilslopes without scipy: see robust.py
 
 if TYPE_CHECKING:
     from .trend import TrendFeatures

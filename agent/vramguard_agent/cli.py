@@ -59,6 +59,39 @@ def _quantity(flag: str) -> Callable[[str], int]:
     return parse
 
 
+def _whole(flag: str, env: str, low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low``. The error names the flag and
+    its variable (argparse converts string defaults taken from the environment
+    with this too), never a traceback."""
+
+    def parse(value: str) -> int:
+        try:
+            number: int | None = int(value, 10)
+        except ValueError:
+            number = None
+        if number is None or number < low:
+            raise argparse.ArgumentTypeError(
+                f"want a whole number >= {low} ({flag} or env {env}), got {value!r}"
+            )
+        return number
+
+    return parse
+
+
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def _log_level(value: str) -> str:
+    """An argparse type: a logging level name, any case; returned upper-case."""
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"want one of {', '.join(LOG_LEVELS)} (--log-level or env VRAMGUARD_LOG_LEVEL), "
+            f"got {value!r}"
+        )
+    return level
+
+
 def _fraction(value: str) -> float:
     try:
         number = float(value)
@@ -119,8 +152,8 @@ def _sampling_flags(p: argparse.ArgumentParser, kubeconfig_env: bool) -> None:
     )
     p.add_argument(
         "--history-points",
-        type=int,
-        default=int(_env("VRAMGUARD_HISTORY_POINTS", DEFAULT_MAX_POINTS)),
+        type=_whole("--history-points", "VRAMGUARD_HISTORY_POINTS", 3),
+        default=_env("VRAMGUARD_HISTORY_POINTS", str(DEFAULT_MAX_POINTS)),
         help=f"points kept per pod (env VRAMGUARD_HISTORY_POINTS; default {DEFAULT_MAX_POINTS})",
     )
     p.add_argument(
@@ -156,6 +189,7 @@ def _sampling_flags(p: argparse.ArgumentParser, kubeconfig_env: bool) -> None:
         )
     p.add_argument(
         "--log-level",
+        type=_log_level,
         default=_env("VRAMGUARD_LOG_LEVEL", "INFO"),
         help="log level (env VRAMGUARD_LOG_LEVEL)",
     )

@@ -14,7 +14,14 @@ Formulas (documented in docs/agent.md):
   memory is unknown, or the known sum is far below ``used - reserved``:
   short by more than ``max(MISSING_MIN_BYTES, MISSING_FRACTION * (used - reserved))``
   (drivers 535.54/535.86 lost processes; a container without the host PID
-  namespace sees an empty list).
+  namespace sees an empty list);
+- a device that is not Healthy (Lost, Error) has its processes unknown, like
+  one whose listing failed. A pod that may have processes on such a device is
+  Unknown, never Measured with the sum of its other devices: the pods seen on
+  it in its last good listing (``last_seen``, kept by the sampler), the pods
+  listed on it now when the listing is partial, and every GPU pod without a
+  process elsewhere. A device that vanishes from NVML's enumeration altogether
+  is not covered (NVML keeps a lost GPU's index, so it is reported Lost).
 """
 
 from __future__ import annotations
@@ -100,11 +107,17 @@ class Aggregation:
     complete: dict[str, bool] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
     short: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, set[str]] = field(default_factory=dict)
+    """Device UUID -> cgroup uids of the pods with a process on it, for each
+    device whose listing succeeded (a MIG parent: the union of its MIG devices)."""
+    sampled: bool = True
+    """False when there was no GPU sample at all (the backend is unavailable)."""
 
     @property
     def listing_failed(self) -> bool:
-        """True when some device's processes could not be listed."""
-        return bool(self.problems)
+        """True when some device's processes could not be listed, or nothing
+        could be sampled."""
+        return bool(self.problems) or not self.sampled
 
 
 def _sum(values: Iterable[int | None]) -> int | None:
@@ -130,25 +143,58 @@ def processes_short(memory_used: int, memory_reserved: int | None, process_sum: 
     return expected - process_sum > max(MISSING_MIN_BYTES, MISSING_FRACTION * expected)
 
 
-def aggregate(sample: GPUSample | None, attributions: Mapping[int, Attribution | NotInPod]) -> Aggregation:
+def aggregate(
+    sample: GPUSample | None,
+    attributions: Mapping[int, Attribution | NotInPod],
+    last_seen: Mapping[str, Iterable[str]] | None = None,
+) -> Aggregation:
     """Sum the sample's processes per pod, container and device.
 
     ``attributions`` maps host pid → attribution; a pid absent from it (the
     process exited before its cgroup was read) is left out of the pods and the
     unattributed list, though its memory still counts in the device's sum.
+    ``last_seen`` maps a device UUID to the cgroup uids of the pods seen on it
+    in its last good listing (``Aggregation.seen`` of an earlier sample): those
+    pods are unknown on the device while its listing fails or it is unhealthy.
     """
-    result = Aggregation()
     if sample is None:
-        return result
+        return Aggregation(sampled=False)
+    result = Aggregation()
     for device in sample.devices:
-        if device.mig_enabled or device.health != "Healthy":
-            continue  # MIG parents are summed from their MIG devices below
-        _aggregate_device(device, attributions, result)
+        if device.health != "Healthy":
+            _failed_device(device, result)
+        elif not device.mig_enabled:  # MIG parents are summed from their MIG devices below
+            _aggregate_device(device, attributions, result)
     for parent in (d for d in sample.devices if d.mig_enabled and d.health == "Healthy"):
         children = [d.uuid for d in sample.devices if d.parent_uuid == parent.uuid]
         result.process_bytes[parent.uuid] = _sum(result.process_bytes.get(c) for c in children)
         result.complete[parent.uuid] = all(result.complete.get(c, False) for c in children)
+        if all(c in result.seen for c in children):
+            result.seen[parent.uuid] = set().union(*(result.seen[c] for c in children))
+    _unknown_on_failed_devices(result, last_seen or {})
     return result
+
+
+def _failed_device(device: DeviceSample, result: Aggregation) -> None:
+    """A device that is not Healthy: its processes are unknown."""
+    result.process_bytes[device.uuid] = None
+    result.complete[device.uuid] = False
+    result.problems[device.uuid] = f"device {device.health}: processes unknown ({device.error or 'no detail'})"
+
+
+def _unknown_on_failed_devices(result: Aggregation, last_seen: Mapping[str, Iterable[str]]) -> None:
+    """Mark unknown (None) on each failed device every pod that may have
+    processes there: seen on it last time, or listed on it by a partial listing."""
+    for uuid in result.problems:
+        listed_now = {uid for uid, pod in result.pods.items() if uuid in pod.devices}
+        for uid in set(last_seen.get(uuid, ())) | listed_now:
+            pod = result.pods.get(uid)
+            if pod is None:
+                pod = result.pods[uid] = PodVRAM(cgroup_uid=uid, qos=None)
+            pod.devices[uuid] = None
+            for devices in pod.containers.values():
+                if uuid in devices:
+                    devices[uuid] = None
 
 
 def _aggregate_device(
@@ -160,6 +206,8 @@ def _aggregate_device(
         result.complete[uuid] = False
         result.problems[uuid] = f"processes unknown ({device.process_error or 'listing failed'})"
         return
+    if not device.process_error:
+        result.seen[uuid] = set()
     known = sum(p.used_bytes or 0 for p in device.processes)
     unknown = any(p.used_bytes is None for p in device.processes)
     result.process_bytes[uuid] = None if unknown else known
@@ -192,6 +240,8 @@ def _aggregate_device(
         if pod is None:
             pod = result.pods[found.pod_uid] = PodVRAM(cgroup_uid=found.pod_uid, qos=found.qos)
         pod.add(uuid, found.container_id, process.used_bytes)
+        if uuid in result.seen:
+            result.seen[uuid].add(found.pod_uid)
 
 
 # --- status ----------------------------------------------------------------

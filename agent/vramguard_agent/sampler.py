@@ -82,6 +82,9 @@ class Sampler:
         self._attributions: dict[int, Attribution | NotInPod] = {}
         self._conditions: list[Condition] | None = None
         self._invisible = 0
+        # Device UUID -> pods seen on it in its last good listing; kept while the
+        # device fails, so its pods stay Unknown (report.aggregate).
+        self._last_seen: dict[str, set[str]] = {}
 
     def sample(self) -> SampleResult:
         """Take one sample and build the node's status."""
@@ -89,7 +92,11 @@ class Sampler:
         history_s = self.history_clock()
         gpu, error = self._gpu()
         attributions = self.attribute(gpu)
-        agg = aggregate(gpu, attributions)
+        agg = aggregate(gpu, attributions, self._last_seen)
+        self._last_seen.update(agg.seen)
+        if gpu is not None:  # forget devices that are gone (MIG devices destroyed)
+            present = {d.uuid for d in gpu.devices}
+            self._last_seen = {u: pods for u, pods in self._last_seen.items() if u in present}
         pods = self.pods()
         gpu_pods = [uid for uid, meta in pods.items() if meta.gpu and uid == (meta.config_hash or meta.uid)]
         wanted: dict[str, set[str]] = {uid: set() for uid in gpu_pods}

@@ -247,9 +247,23 @@ class Violation(APIModel):
     )
     step: Action | None = Field(default=None, description="The last escalation step that fired.")
     step_time: datetime | None = Field(default=None, alias="stepTime", description="When that step fired.")
+    dry_run: bool | None = Field(
+        default=None,
+        alias="dryRun",
+        description="True when the step only would have fired: it was reached while the budget was not enforcing "
+        "(effective mode DryRun, or an exempt namespace), so nothing was done. Once the budget enforces, such a step "
+        "is disregarded and the due steps fire for real.",
+    )
     next_step: Action | None = Field(default=None, alias="nextStep", description="The next step, if any.")
     next_step_time: datetime | None = Field(
         default=None, alias="nextStepTime", description="When the next step is due."
+    )
+    evict_target_uid: str | None = Field(
+        default=None,
+        alias="evictTargetUID",
+        max_length=128,
+        description="For a TotalVRAM or TotalRAM violation whose Evict step is due: the uid of the pod chosen for "
+        "eviction. The step counts as fired once that pod is terminating or gone.",
     )
     message: str = Field(default="", max_length=1024, description="Human-readable explanation.")
 

@@ -37,12 +37,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from vramguard_api.policy import EvictionRateLimit
 
 from .engine_types import (
+    Annotate,
     BudgetRef,
     BudgetStatusUpdate,
     ContainerCPU,
@@ -73,6 +75,13 @@ EVENT_EVICTION_RATE_LIMITED = "EvictionRateLimited"
 EVENT_ACTION_FAILED = "ActionFailed"
 
 MERGE_PATCH = "application/merge-patch+json"
+NETWORK_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
+"""Errors of a request that got no answer from the API server (connection
+refused or reset, timeouts: urllib3's errors and ``OSError``, which covers
+``socket.timeout``). The actions treat them as a 5xx: logged, counted
+``failed``, retried by a later evaluation; never raised."""
+API_ERRORS: tuple[type[Exception], ...] = (ApiException, *NETWORK_ERRORS)
+"""A refusal by the API server (``ApiException``) or no answer at all."""
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 MAX_EVENT_MESSAGE = 1024
 
@@ -199,6 +208,19 @@ def api_error_text(err: ApiException) -> str:
     return f"{text}: {message}" if message else text
 
 
+def error_text(err: Exception) -> str:
+    """``api_error_text`` for an API error; ``"<type>: <message>"`` (cut to 300
+    characters) for a network error."""
+    if isinstance(err, ApiException):
+        return api_error_text(err)
+    return f"{type(err).__name__}: {err}"[:300]
+
+
+def error_status(err: Exception) -> int | None:
+    """The HTTP status of an API error; None for a request with no answer."""
+    return err.status if isinstance(err, ApiException) else None
+
+
 # --- rate limiting ----------------------------------------------------------------
 
 
@@ -230,6 +252,12 @@ class TokenBucket:
         self._refill(now)
         self.tokens = max(0.0, self.tokens - 1.0)
 
+    def refund(self, now: float) -> None:
+        """Give back a token taken for a call that was definitely refused
+        (never above ``burst``)."""
+        self._refill(now)
+        self.tokens = min(float(self.burst), self.tokens + 1.0)
+
     def reconfigure(self, per_minute: float, burst: int, now: float) -> None:
         """New rate and burst; the tokens held are kept, capped at the new burst."""
         self._refill(now)
@@ -245,6 +273,14 @@ class EvictionLimiter:
     selects; an eviction takes one token from every scope given. After a
     PodDisruptionBudget refused a pod's eviction (429) the pod waits
     ``retry_seconds`` before the next attempt.
+
+    Tokens are taken before the Eviction is sent (``taken``) and given back
+    only when the API server definitely refused it (``refund``: 404, 409,
+    429): a call that timed out may have evicted the pod, so its token stays
+    spent. Nothing is persisted: a restarted operator starts with full buckets
+    (``burst`` tokens each), so a crash-looping operator could evict up to
+    ``burst`` pods per start and scope; the restart back-off of the kubelet
+    and the Deployment bound that.
     """
 
     DEFAULT_SCOPE = ""
@@ -286,11 +322,17 @@ class EvictionLimiter:
         return None
 
     def taken(self, uid: str, scopes: Sequence[str]) -> None:
-        """Record an eviction the API server accepted."""
+        """Take a token from every scope for an eviction about to be sent."""
         now = self.clock()
         for s in scopes:
             (self.buckets.get(s) or self.buckets[self.DEFAULT_SCOPE]).take(now)
         self.retry_at.pop(uid, None)
+
+    def refund(self, scopes: Sequence[str]) -> None:
+        """Give the tokens of an eviction the API server refused back."""
+        now = self.clock()
+        for s in scopes:
+            (self.buckets.get(s) or self.buckets[self.DEFAULT_SCOPE]).refund(now)
 
     def blocked(self, uid: str) -> None:
         """Record a refusal (429): retry the pod after ``retry_seconds``."""
@@ -356,11 +398,13 @@ class EventRecorder:
         core: client.CoreV1Api,
         instance: str | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        timeout_seconds: float = 10.0,
     ) -> None:
         self.core = core
         self.instance = instance or socket.gethostname()
         self.clock = clock
         self.correlator = EventCorrelator()
+        self.timeout = timeout_seconds  # a hung Event post must not stall the actions
 
     def post(self, obj: ObjectRef, spec: EventSpec) -> None:
         """Create the Event, or count a repeat on the existing one. Failures are
@@ -378,12 +422,16 @@ class EventRecorder:
                     {"count": seen.count, "lastTimestamp": stamp},
                     _content_type=MERGE_PATCH,
                     _preload_content=False,
+                    _request_timeout=self.timeout,
                 )
                 return
             name = f"{obj.name}.{time.time_ns():x}"
             body = event_body(obj, spec, now, self.instance, name)
             self.core.create_namespaced_event(
-                obj.namespace, _model(client.CoreV1Event, body), _preload_content=False
+                obj.namespace,
+                _model(client.CoreV1Event, body),
+                _preload_content=False,
+                _request_timeout=self.timeout,
             )
             self.correlator.remember(key, name, obj.namespace, now)
         except ApiException as err:
@@ -396,6 +444,9 @@ class EventRecorder:
             level = logging.DEBUG if "being terminated" in text else logging.WARNING
             log.log(level, "Event %s on %s %s/%s: %s", spec.reason, obj.kind, obj.namespace,
                     obj.name, text)
+        except NETWORK_ERRORS as err:
+            log.warning("Event %s on %s %s/%s: %s", spec.reason, obj.kind, obj.namespace,
+                        obj.name, error_text(err))
 
 
 # --- API calls ------------------------------------------------------------------------
@@ -481,6 +532,12 @@ class KubeActions:
 
 
 # --- applying an engine output -----------------------------------------------------------
+
+
+def _reapply(d: Decision) -> bool:
+    """Whether ``d`` re-applies a throttle that fired earlier (its resize did not
+    take): resized again, without a new Event or action count."""
+    return bool(getattr(d, "reapply", False))
 
 
 @dataclass(slots=True)
@@ -580,10 +637,8 @@ class Applier:
         result = ApplyResult()
         work, budget_only = plan_pod_work(out)
         for w in work:
-            if w.pod.namespace in ctx.exempt_namespaces and self._acts(w):
-                log.error("refusing to act on %s/%s: exempt namespace", w.pod.namespace, w.pod.name)
-                self._count(w, "skipped")
-                continue
+            if w.pod.namespace in ctx.exempt_namespaces:
+                w = self._exempt_work(w)
             self._apply_pod(w, ctx, result)
         for d in budget_only:
             self._explain(d, d.event)
@@ -602,17 +657,37 @@ class Applier:
                 continue
             try:
                 budget = self.actions.patch_budget_status(upd.budget, merge_patch(current, desired))
-            except ApiException as err:
-                if err.status != 404:  # a deleted budget needs no status
-                    log.warning("status of budget %s/%s: %s", *key, api_error_text(err))
+            except API_ERRORS as err:
+                if error_status(err) != 404:  # a deleted budget needs no status
+                    log.warning("status of budget %s/%s: %s", *key, error_text(err))
                 continue
             result.budgets[key] = budget
 
     # -- one pod
 
-    @staticmethod
-    def _acts(w: PodWork) -> bool:
-        return bool(w.patch or w.restores or w.throttles or w.evicts)
+    def _exempt_work(self, w: PodWork) -> PodWork:
+        """What may be done to a pod in an exempt namespace: cleanup only.
+
+        The engine never asks to throttle or evict there, nor to write new
+        vramguard state; those are refused (the safety check of this layer).
+        Undoing what was done before the namespace was exempted is allowed: CPU
+        restores and a patch that only removes annotations."""
+        adds = any(v is not None for v in (w.patch or {}).values())
+        refused: list[Decision] = [*w.throttles, *w.evicts]
+        others = list(w.others)
+        if adds:  # no restore without the patch that records it; Events of the rest only
+            refused += [*w.restores, *(d for d in others if isinstance(d, Annotate))]
+            others = [d for d in others if not isinstance(d, Annotate)]
+        if not refused and not adds:
+            return w
+        what = sorted({d.action for d in refused} | ({"annotation"} if adds else set()))
+        log.error("refusing %s on pod %s/%s: exempt namespace", ", ".join(what),
+                  w.pod.namespace, w.pod.name)
+        for d in refused:
+            self._count_decision(d, "skipped")
+        if adds:
+            return PodWork(w.pod, others=others)
+        return PodWork(w.pod, patch=w.patch, restores=list(w.restores), others=others)
 
     def _apply_pod(self, w: PodWork, ctx: ApplyContext, result: ApplyResult) -> None:
         if w.restores:
@@ -636,10 +711,10 @@ class Applier:
         try:
             result.pods[w.pod.uid] = self.actions.patch_pod_annotations(w.pod, w.patch)
             return True
-        except ApiException as err:
-            text = api_error_text(err)
+        except API_ERRORS as err:
+            text = error_text(err)
             log.warning("annotations of pod %s/%s: %s", w.pod.namespace, w.pod.name, text)
-            if err.status not in (404, 409, 422):  # gone or replaced: nothing to explain
+            if error_status(err) not in (404, 409, 422):  # gone or replaced: nothing to explain
                 for d in (*w.throttles, *w.evicts, *w.others):
                     if not isinstance(d, DryRunStep | Warn):
                         self._failed(d, f"annotating pod {w.pod.name} failed: {text}")
@@ -657,17 +732,20 @@ class Applier:
             result.pods[pod.uid] = self.actions.resize_pod(pod, containers)
             result.resize_ok.add(pod.uid)
             return True
-        except ApiException as err:
-            text = api_error_text(err)
+        except API_ERRORS as err:
+            text = error_text(err)
             restore = isinstance(decisions[0], Recover)
             what = "restoring the CPU of" if restore else "throttling"
             log.warning("%s pod %s/%s: %s", what, pod.namespace, pod.name, text)
-            if err.status in (404, 409):
+            if error_status(err) in (404, 409):
                 return False
-            result.resize_errors[pod.uid] = f"resize refused: {text}"
+            refused = "refused" if isinstance(err, ApiException) else "failed"
+            result.resize_errors[pod.uid] = f"resize {refused}: {text}"
             reason = EVENT_RESTORE_FAILED if restore else EVENT_THROTTLE_FAILED
             cpu = ", ".join(f"{c.name}={c.limit}" for c in containers)
             for d in decisions:
+                if _reapply(d):  # noted in the status; its Event was posted when it fired
+                    continue
                 msg = (
                     f"budget {d.budget.namespace}/{d.budget.name}: {what} pod {pod.name} "
                     f"(CPU limit {cpu}) through pods/resize failed: {text}"
@@ -677,8 +755,12 @@ class Applier:
             return False
 
     def _throttle(self, w: PodWork, result: ApplyResult) -> None:
+        """Resize for the throttles; Events and counts only for steps that fired
+        now (a re-application of a throttle whose resize did not take is silent)."""
         possible = [t for t in w.throttles if t.impossible_reason is None and t.resize]
         for t in w.throttles:
+            if _reapply(t):
+                continue
             if t.impossible_reason is not None:
                 self._explain(t, t.event)
                 self.metrics.action("Throttle", "impossible", w.pod.namespace)
@@ -687,13 +769,14 @@ class Applier:
                 self.metrics.action("Throttle", "success", w.pod.namespace)
         if possible and self._resize(w.pod, merged_resize(possible), possible, result):
             for t in possible:
-                self._explain(t, t.event)
-                self.metrics.action("Throttle", "success", w.pod.namespace)
+                if not _reapply(t):
+                    self._explain(t, t.event)
+                    self.metrics.action("Throttle", "success", w.pod.namespace)
 
     def _evict(self, d: Evict, ctx: ApplyContext) -> None:
         assert d.pod is not None
         ns = d.pod.namespace
-        if ns in ctx.exempt_namespaces:  # the engine never asks; refuse anyway
+        if ns in ctx.exempt_namespaces:  # _exempt_work removed it already; defence in depth
             self.metrics.action("Evict", "skipped", ns)
             return
         scopes = ctx.eviction_scopes(ns)
@@ -709,27 +792,35 @@ class Applier:
             self._explain(d, EventSpec("Warning", EVENT_EVICTION_RATE_LIMITED, msg))
             self.metrics.action("Evict", "rate_limited", ns)
             return
+        # The token is spent before the call: an eviction that timed out may
+        # have happened. Only a definite refusal gives it back.
+        self.limiter.taken(d.pod.uid, scopes)
         try:
             self.actions.evict_pod(d.pod)
-        except ApiException as err:
+        except API_ERRORS as err:
+            if error_status(err) in (404, 409, 429):
+                self.limiter.refund(scopes)
             self._evict_refused(d, err)
             return
-        self.limiter.taken(d.pod.uid, scopes)
         self._explain(d, d.event)
         self.metrics.action("Evict", "success", ns)
 
-    def _evict_refused(self, d: Evict, err: ApiException) -> None:
+    def _evict_refused(self, d: Evict, err: Exception) -> None:
         assert d.pod is not None
-        text = api_error_text(err)
-        if err.status in (404, 409):  # gone, or replaced by a pod with another uid
+        text = error_text(err)
+        status = error_status(err)
+        if status in (404, 409):  # gone, or replaced by a pod with another uid
             log.info("eviction of %s/%s: %s", d.pod.namespace, d.pod.name, text)
             return
+        blocked = status == 429  # a PodDisruptionBudget: expected, retried
+        log.log(logging.INFO if blocked else logging.WARNING, "eviction of %s/%s: %s",
+                d.pod.namespace, d.pod.name, text)
         self.limiter.blocked(d.pod.uid)
-        blocked = err.status == 429
         reason = EVENT_EVICTION_BLOCKED if blocked else EVENT_ACTION_FAILED
         msg = (
             f"budget {d.budget.namespace}/{d.budget.name}: eviction of pod {d.pod.name} "
-            f"refused ({text}); retrying in {self.limiter.retry_seconds:g}s"
+            f"{'refused' if status is not None else 'failed'} ({text}); "
+            f"retrying in {self.limiter.retry_seconds:g}s"
         )
         self._explain(d, EventSpec("Warning", reason, msg))
         self.metrics.action("Evict", "blocked" if blocked else "failed", d.pod.namespace)

@@ -119,10 +119,14 @@ def _nodes(reports: Mapping[str, NodeGPUUsage], now: datetime, freshness: float)
             out[name] = _Node("Missing")
             continue
         age = (now - st.sample_time).total_seconds()
-        if age > freshness:
+        # a sample time further ahead than the bound is clock skew: it cannot be trusted
+        if abs(age) > freshness:
             out[name] = _Node("Stale", rep)
             continue
-        node = _Node("Fresh", rep, complete=not st.truncated)
+        # Complete: every GPU process on the node is in the report. Not so when lists
+        # were cut, or a device's processes are not all known or it cannot be read.
+        complete = not st.truncated and all(d.processes_complete and d.health == "Healthy" for d in st.devices)
+        node = _Node("Fresh", rep, complete=complete)
         node.by_uid = {p.uid: p for p in st.pods}
         node.usable = {d.uuid: (d.memory.usable_bytes if d.memory else None) for d in st.devices}
         out[name] = node
@@ -137,8 +141,8 @@ def _pod_data(pod: PodFacts, nodes: Mapping[str, _Node]) -> _PodData:
         return _PodData(pod, node.state, None, None, (), None)
     usage = node.by_uid.get(pod.uid)
     if usage is None:
-        # Every GPU process on the node is in the report, attributed or not: a pod
-        # absent from a complete report holds no VRAM there. Its RAM is unknown.
+        # Every GPU process on the node is in a complete report, attributed or not:
+        # a pod absent from it holds no VRAM there. Its RAM is unknown.
         return _PodData(pod, "Fresh", 0 if node.complete else None, None, (), None)
     measured = usage.attribution == "Measured"
     devices = tuple((d.uuid, d.used_bytes if measured else None, node.usable.get(d.uuid)) for d in usage.devices)
@@ -237,6 +241,9 @@ class _Ctx:
     resized: dict[str, PodFacts] = field(default_factory=dict)
     evicting: set[str] = field(default_factory=set)
     pod_data: dict[str, _PodData] = field(default_factory=dict)
+    # pod uid -> CPU limits that the violations which throttled the pod set (from the
+    # state read back, before any closes): a restore undoes only those
+    throttle_targets: dict[str, set[str]] = field(default_factory=dict)
 
 
 def evaluate(inp: EngineInput) -> EngineOutput:
@@ -295,6 +302,9 @@ def _recover_orphans(ctx: _Ctx, live: Mapping[tuple[str, str], str]) -> None:
                 continue
             del recs[key]
             ctx.dirty.add(uid)
+            if _throttled(rec):
+                # the budget's ladder is gone with it: assume the default target
+                ctx.throttle_targets.setdefault(uid, set()).add(ctx.config.default_throttle_cpu)
             budget = BudgetRef(key.namespace, key.budget, rec.budget_uid)
             msg = f"budget {key.namespace}/{key.budget} is gone: {key.label()} violation on pod {pod.name} closed"
             ctx.decisions.append(
@@ -367,8 +377,16 @@ class _BudgetEval:
         return self._status(matched)
 
     def _load_records(self) -> None:
-        for rec in records_from_status(self.budget):
+        status_records = records_from_status(self.budget)
+        by_name = {p.name: p for p in self.ns_pods} if status_records else {}
+        for rec in status_records:
+            if rec.dry_run and self.acting:
+                # a step that only would have fired: enforcing, the ladder fires it for real
+                rec = replace(rec, step=None, step_time=None, dry_run=False)
             self.records[rec.key] = rec
+            pod = by_name.get(rec.key.pod or "")
+            if pod is not None and _throttled(rec):
+                self._add_throttle_target(pod.uid, rec.key)
         for uid, recs in self.ctx.pod_records.items():
             if self.ctx.pods_by_uid[uid].namespace != self.ref.namespace:
                 continue
@@ -377,10 +395,17 @@ class _BudgetEval:
                     continue
                 old = self.records.get(key)
                 self.records[key] = rec if old is None else merge_records(old, rec)
+                if _throttled(rec):
+                    self._add_throttle_target(uid, key)
         prev = {(w.kind, w.pod, w.device): w for w in self.prev_status.warnings or ()}
         self.prev_warnings = prev
         # pods with state in this budget; the others take a fast path while quiet
         self.touched = {k.pod for k in self.records} | {w.pod for w in prev.values()}
+
+    def _add_throttle_target(self, uid: str, key: ViolationKey) -> None:
+        rung = self._ladder(key).rung("Throttle")
+        if rung is not None and rung.cpu_limit is not None:
+            self.ctx.throttle_targets.setdefault(uid, set()).add(rung.cpu_limit)
 
     # -- measurements
 
@@ -509,6 +534,7 @@ class _BudgetEval:
         self.next_records[m.key] = rec
         if not m.pause:
             self._escalate(rec, m)
+        self._reapply_throttle(rec, m)
 
     def _ladder(self, key: ViolationKey) -> Ladder:
         return self.leak_ladder if key.kind == "Leak" else self.ladder
@@ -533,13 +559,20 @@ class _BudgetEval:
             return
         targets = self._targets(rung.action, m)
         if rung.action == "Evict" and self.acting:
-            if rec.key.kind in TOTAL_KINDS and self._evicting_total():
-                self.next_records[rec.key] = replace(rec, step="Evict", step_time=self.now)
+            if rec.key.kind in TOTAL_KINDS:
+                self._evict_total(rec, m, targets)
                 return
             for d in targets:
                 self._emit_evict(_Fire(rec, m, None, None), d)
             return  # level-triggered: recorded once the pod is terminating
-        fired = replace(rec, step=rung.action, step_time=self.now, observed_bytes=m.observed, limit_bytes=m.limit)
+        fired = replace(
+            rec,
+            step=rung.action,
+            step_time=self.now,
+            observed_bytes=m.observed,
+            limit_bytes=m.limit,
+            dry_run=not self.acting,
+        )
         self.next_records[rec.key] = fired
         f = _Fire(fired, m, *self._next(fired, m))
         if not self.acting:
@@ -555,9 +588,58 @@ class _BudgetEval:
                 self._emit_throttle(f, d, rung)
             self._record_on_pod(d.pod, fired)
 
-    def _evicting_total(self) -> bool:
-        """A total's Evict fired when one of its pods is terminating after the Evict was due."""
-        return any(p.terminating for p in self.ns_pods if p.uid in self._matched_uids)
+    def _evict_total(self, rec: ViolationRecord, m: _Measure, targets: list[_PodData]) -> None:
+        """A total's due Evict: recorded once a pod chosen for it is terminating or
+        gone; until then the largest consumer is evicted (level-triggered) and
+        recorded as the target, in status and on that pod, before the eviction."""
+        chosen = {rec.evict_target_uid} | {
+            r.evict_target_uid for recs in self.ctx.pod_records.values() if (r := recs.get(rec.key)) is not None
+        }
+        if any(uid is not None and self._evicted_pod(uid) for uid in chosen):
+            self.next_records[rec.key] = replace(rec, step="Evict", step_time=self.now, evict_target_uid=None)
+            return
+        if not targets:
+            return
+        d = targets[0]
+        aimed = replace(rec, evict_target_uid=d.pod.uid)
+        self.next_records[rec.key] = aimed
+        # on the pod, its own record of the total (the steps fired on it) gains the target
+        recs = self.ctx.pod_records.setdefault(d.pod.uid, {})
+        own = recs.get(rec.key) or replace(rec, step=None, step_time=None)
+        recs[rec.key] = replace(own, evict_target_uid=d.pod.uid)
+        self.ctx.dirty.add(d.pod.uid)
+        self._emit_evict(_Fire(aimed, m, None, None), d)
+
+    def _evicted_pod(self, uid: str) -> bool:
+        """Whether the pod with ``uid`` is terminating, finished or gone."""
+        pod = self.ctx.pods_by_uid.get(uid)
+        return pod is None or pod.terminating or pod.phase in ("Succeeded", "Failed")
+
+    def _reapply_throttle(self, rec: ViolationRecord, m: _Measure) -> None:
+        """Throttle is level-triggered: a pod that a fired Throttle step holds but
+        whose CPU is not at the step's target (the resize was refused or never
+        made, or a container was raised since) is resized again, without a new
+        step. Only while the budget enforces, on fresh data (``m`` known)."""
+        if not self.acting or rec.dry_run or step_rank(rec.step) < step_rank("Throttle"):
+            return
+        rung = self._ladder(rec.key).rung("Throttle")
+        if rung is None or rung.cpu_limit is None:
+            return
+        holders = [m.pod] if m.pod is not None else self._total_throttle_holders(rec.key)
+        for d in holders:
+            if d.pod.uid in self.ctx.evicting:
+                continue  # being evicted: no point in resizing it
+            self._emit_throttle(_Fire(rec, m, *self._next(rec, m)), d, rung, reapply=True)
+
+    def _total_throttle_holders(self, key: ViolationKey) -> list[_PodData]:
+        """The measured pods that a total's Throttle step was fired on (their annotation says so)."""
+        out = []
+        for uid, recs in self.ctx.pod_records.items():
+            r = recs.get(key)
+            d = self.ctx.pod_data.get(uid)
+            if r is not None and d is not None and d.state == "Fresh" and _throttled(r):
+                out.append(d)
+        return sorted(out, key=lambda d: d.pod.name)
 
     def _targets(self, action: Action, m: _Measure) -> list[_PodData]:
         if m.pod is not None:
@@ -638,7 +720,7 @@ class _BudgetEval:
         if rung is not None and rung.action == "Evict":
             due = self._due(rec, rung, None)
             if due is not None and self.now >= due:
-                return replace(rec, step="Evict", step_time=self.now)
+                return replace(rec, step="Evict", step_time=self.now, dry_run=not self.acting)
         return rec
 
     def _drop_on_pods(self, key: ViolationKey) -> None:
@@ -675,12 +757,23 @@ class _BudgetEval:
         text = f"dry run: would {_VERB[action]}. {self._text(f, None)}"
         self._emit(DryRunStep, f, d, EventSpec("Warning", EVENT_DRY_RUN, text), would=action)
 
-    def _emit_throttle(self, f: _Fire, d: _PodData, rung: LadderStep) -> None:
+    def _emit_throttle(self, f: _Fire, d: _PodData, rung: LadderStep, reapply: bool = False) -> None:
+        """A Throttle decision for ``d`` (``reapply``: only when something is to resize)."""
         # a pod throttled earlier in this evaluation is planned from its new resources
         pod = self.ctx.resized.get(d.pod.uid, d.pod)
         recorded = self.ctx.new_original.get(pod.uid) or parse_original(pod.annotations.get(ANNOTATION_ORIGINAL_CPU))
         cpu = rung.cpu_limit or self.ctx.config.default_throttle_cpu
         plan = plan_throttle(pod, cpu, recorded)
+        if reapply:
+            if not plan.resize:
+                return
+            self.ctx.new_original[pod.uid] = plan.original
+            self.ctx.resized[pod.uid] = _resized(pod, plan.resize)
+            self.ctx.dirty.add(pod.uid)
+            text = f"{self._text(f, None)} Throttle re-applied: CPU limit set to {cpu} again."
+            event = EventSpec("Warning", EVENT_THROTTLED, text)
+            self._emit(Throttle, f, d, event, resize=plan.resize, original=plan.original, reapply=True)
+            return
         if plan.impossible_reason is None:
             self.ctx.new_original[pod.uid] = plan.original
             self.ctx.resized[pod.uid] = _resized(pod, plan.resize)
@@ -812,7 +905,10 @@ class _BudgetEval:
         opened = [r for r in records if r.opened_at is not None]
         violations = [self._violation(r) for r in records[: cfg.max_status_entries]]
         leaks = sum(1 for r in opened if r.key.kind == "Leak")
-        vio_msg = "; ".join(f"{r.key.label()} {r.key.pod or 'total'} ({r.step or 'open'})" for r in opened[:20])
+        vio_msg = "; ".join(
+            f"{r.key.label()} {r.key.pod or 'total'} ({'would ' if r.dry_run else ''}{r.step or 'open'})"
+            for r in opened[:20]
+        )
         warnings = self._settle_warnings()
         more = len(self.warnings) - len(warnings)
         warn_msg = "; ".join(
@@ -875,8 +971,10 @@ class _BudgetEval:
             openedAt=rec.opened_at,
             step=rec.step,
             stepTime=rec.step_time,
+            dryRun=True if rec.dry_run and rec.step is not None else None,
             nextStep=nxt,
             nextStepTime=nxt_time,
+            evictTargetUID=rec.evict_target_uid,
             message=msg[:1024],
         )
 
@@ -936,20 +1034,39 @@ def _duration(seconds: float) -> str:
 # --- after all budgets: restores and pod patches --------------------------------------
 
 
+def _throttled(rec: ViolationRecord) -> bool:
+    """Whether a Throttle step really fired for ``rec`` (not only in a dry run)."""
+    return step_rank(rec.step) >= step_rank("Throttle") and not rec.dry_run
+
+
 def _restore_untrottled(ctx: _Ctx) -> None:
     """Put back the CPU of pods that vramguard throttled and that no open
-    violation holds at Throttle or beyond any more."""
+    violation holds at Throttle or beyond any more.
+
+    Only containers whose CPU limit is the target of a violation that throttled
+    the pod are restored (``ctx.throttle_targets``): ``vramguard.io/original-cpu``
+    is an annotation anyone who can update the pod can write, and must not buy
+    more CPU than vramguard took. Otherwise the annotation is only removed."""
     for uid, pod in ctx.pods_by_uid.items():
         if pod.terminating or pod.phase != "Running" or ANNOTATION_ORIGINAL_CPU not in pod.annotations:
             continue
         if uid in ctx.new_original:
             continue
-        if any(step_rank(r.step) >= step_rank("Throttle") for r in ctx.pod_records.get(uid, {}).values()):
+        if any(_throttled(r) for r in ctx.pod_records.get(uid, {}).values()):
             continue
-        original = parse_original(pod.annotations[ANNOTATION_ORIGINAL_CPU])
-        restore = plan_restore(original or {})
+        original = parse_original(pod.annotations[ANNOTATION_ORIGINAL_CPU]) or {}
+        restore = plan_restore(original, pod, ctx.throttle_targets.get(uid, ()))
         ctx.dirty.add(uid)
         ctx.new_original[uid] = {}
+        left = sorted(set(original) - {c.name for c in restore})
+        if left or not original:
+            ctx.problems.append(
+                f"pod {pod.namespace}/{pod.name} annotation {ANNOTATION_ORIGINAL_CPU}: "
+                f"{', '.join(left) or 'no valid entry'}: not restored (no violation throttled "
+                "the container to its current CPU limit); annotation removed"
+            )
+        if not restore:
+            continue
         for i, dec in enumerate(ctx.decisions):
             if isinstance(dec, Recover) and dec.pod == pod.ref and not dec.restore:
                 ctx.decisions[i] = replace(dec, restore=restore)

@@ -16,6 +16,8 @@ the operator must do afterwards is in ``EngineOutput``:
 
 Decisions of a DryRun budget (or of an exempt namespace) are ``DryRunStep``
 objects, never ``Annotate``/``Throttle``/``Evict`` (``SIDE_EFFECT_DECISIONS``).
+The steps they stand for are recorded in status with ``dryRun: true`` and do
+not count as fired once the budget enforces.
 
 Escalation state is read back from the objects, never kept in memory: from each
 budget's ``status.violations`` and from each pod's ``vramguard.io/violations``
@@ -27,7 +29,13 @@ Apply order for one pod (the engine never returns a Throttle and a restoring
 Recover for the same pod in one output):
 
 1. Throttle: write the pod patch first (it records the original CPU resources),
-   then resize through ``pods/resize``.
+   then resize through ``pods/resize``. Throttle is level-triggered too: while
+   a violation holds a pod at Throttle (and the budget enforces, on fresh data)
+   and the pod's CPU is not at the step's target (a resize that was refused or
+   timed out, an operator restart between the patch and the resize, or a
+   container raised again since), a ``Throttle`` with ``reapply=True`` carries
+   the resize again. A re-apply is no new step: post no Event for it (its
+   ``event`` is filled only for logs) and count it apart in metrics.
 2. Recover with ``restore``: resize first; write the pod patch (which removes
    ``vramguard.io/original-cpu``) only when the resize succeeded, so that a
    failed restore is retried at the next evaluation.
@@ -35,8 +43,9 @@ Recover for the same pod in one output):
    level-triggered: it is returned at every evaluation while it is due and the
    pod exists and is not terminating, so a 429 (PodDisruptionBudget) or a
    rate-limited eviction is simply retried later. The pod terminating or
-   disappearing is the record that it fired. The eviction rate limiter lives in
-   the actions layer (the engine sees time only through ``now``).
+   disappearing is the record that it fired (for a Total violation: the pod
+   chosen for it, ``ViolationRecord.evict_target_uid``). The eviction rate
+   limiter lives in the actions layer (the engine sees time only through ``now``).
 """
 
 from __future__ import annotations
@@ -352,11 +361,15 @@ class Throttle(DecisionBase):
     (the originals are recorded in ``vramguard.io/original-cpu`` by the pod
     patch, to be written first). ``impossible_reason`` is set (and ``resize``
     empty) when no container can be throttled in place; the step still counts
-    as fired, and the reason goes to the Event and the budget status."""
+    as fired, and the reason goes to the Event and the budget status.
+
+    ``reapply`` is True when the step fired at an earlier evaluation and the pod
+    is not at the target (see the module doc): resize again, post no Event."""
 
     resize: tuple[ContainerCPU, ...]
     original: Mapping[str, Mapping[str, str | None]]
     impossible_reason: str | None = None
+    reapply: bool = False
 
     @property
     def action(self) -> DecisionAction:
@@ -451,6 +464,11 @@ class ViolationRecord:
     the last step that fired (Evict is recorded once the pod is terminating).
     ``observed_bytes``/``limit_bytes``: the values when that step fired (so the
     annotation changes only on transitions, not with every sample).
+    ``dry_run``: ``step`` only would have fired (the budget was not enforcing);
+    once the budget enforces, such a step is disregarded and the ladder fires
+    the due steps for real. ``evict_target_uid``: for a Total violation whose
+    Evict is due, the uid of the pod chosen for eviction; the step is recorded
+    once that pod is terminating or gone.
     All times are whole seconds (metav1.Time's resolution).
     """
 
@@ -462,3 +480,5 @@ class ViolationRecord:
     step_time: datetime | None = None
     observed_bytes: int | None = None
     limit_bytes: int | None = None
+    dry_run: bool = False
+    evict_target_uid: str | None = None

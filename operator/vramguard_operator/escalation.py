@@ -5,11 +5,17 @@ from two places and merged, so that a restart between an action and a status
 write neither forgets a violation nor repeats a step:
 
 - the budget's ``status.violations`` (every violation, including pending ones
-  and those of DryRun budgets);
+  and those of DryRun budgets; a step reached while the budget was not
+  enforcing carries ``dryRun: true``, and the engine disregards it once the
+  budget enforces);
 - the pod annotation ``vramguard.io/violations`` (Enforce only: every open
   violation that reached a step on that pod, written together with the action).
 
 Merging keeps the earliest ``since``/``openedAt`` and the furthest step.
+
+The annotation is input from an object that others can write: every field of
+every entry is checked (type, value, time range) and a bad entry is reported
+and skipped, never passed on to the engine.
 """
 
 from __future__ import annotations
@@ -19,14 +25,18 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, cast, get_args
 
-from vramguard_api.budget import ACTIONS, Action, GPUMemoryBudget, GPUMemoryBudgetSpec
+from vramguard_api.budget import ACTIONS, Action, GPUMemoryBudget, GPUMemoryBudgetSpec, ViolationKind
 
 from .engine_types import ViolationKey, ViolationRecord
 
 TOTAL_KINDS = frozenset({"TotalVRAM", "TotalRAM"})
-_KINDS = frozenset({"PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak"})
+_KINDS = frozenset(get_args(ViolationKind))
+# Record times outside this range are refused: the engine adds ladder delays to
+# them, and datetime arithmetic near year 1 or 9999 overflows.
+_MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+_MAX_TIME = datetime(3000, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +115,12 @@ def _parse_time(value: Any, field: str) -> datetime:
         raise ValueError(f"{field}: want an RFC 3339 time, got {value!r}")
     try:
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        t = whole_seconds(t if t.tzinfo else t.replace(tzinfo=UTC))
+    except (ValueError, OverflowError):
         raise ValueError(f"{field}: invalid RFC 3339 time {value!r}") from None
-    return whole_seconds(t if t.tzinfo else t.replace(tzinfo=UTC))
+    if not _MIN_TIME <= t < _MAX_TIME:
+        raise ValueError(f"{field}: time {value!r} outside {_MIN_TIME.year}..{_MAX_TIME.year - 1}")
+    return t
 
 
 # --- the pod annotation ------------------------------------------------------------
@@ -134,6 +147,8 @@ def record_to_json(rec: ViolationRecord) -> dict[str, Any]:
         out["observedBytes"] = rec.observed_bytes
     if rec.limit_bytes is not None:
         out["limitBytes"] = rec.limit_bytes
+    if rec.evict_target_uid is not None:
+        out["evictTargetUID"] = rec.evict_target_uid
     return out
 
 
@@ -147,14 +162,16 @@ def records_from_annotation(text: str, namespace: str, pod: str) -> tuple[list[V
     """Parse ``vramguard.io/violations`` of pod ``namespace/pod``.
 
     Returns the records and a list of problems (one per malformed entry, naming
-    the pod, the entry and the value); malformed entries are skipped, the rest
-    kept.
+    the pod, the entry, the field and the value); malformed entries are
+    skipped, the rest kept. Never raises on any text.
     """
     where = f"pod {namespace}/{pod} annotation vramguard.io/violations"
     try:
         data = json.loads(text)
     except ValueError as err:
         return [], [f"{where}: invalid JSON {text[:80]!r}: {err}"]
+    except RecursionError:
+        return [], [f"{where}: JSON nested too deeply {text[:80]!r}"]
     if not isinstance(data, list):
         return [], [f"{where}: want a JSON list, got {text[:80]!r}"]
     records: list[ViolationRecord] = []
@@ -162,35 +179,56 @@ def records_from_annotation(text: str, namespace: str, pod: str) -> tuple[list[V
     for i, entry in enumerate(data):
         try:
             records.append(_record_from_json(entry, namespace, pod))
-        except (ValueError, TypeError, KeyError) as err:
-            problems.append(f"{where}[{i}]: {err}")
+        except ValueError as err:
+            problems.append(f"{where}[{i}]: {err}"[:1024])
     return records, problems
 
 
-def _record_from_json(entry: Mapping[str, Any], namespace: str, pod: str) -> ViolationRecord:
-    kind = entry["kind"]
-    if kind not in _KINDS:
-        raise ValueError(f"kind: unknown violation kind {kind!r}")
+def _record_from_json(entry: Any, namespace: str, pod: str) -> ViolationRecord:
+    """One entry of the annotation; raises ``ValueError`` naming the field and
+    the value on any entry ``record_to_json`` would not have written."""
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"entry: want a JSON object, got {_short(entry)}")
+    kind = entry.get("kind")
+    if not isinstance(kind, str) or kind not in _KINDS:
+        raise ValueError(f"kind: want one of {', '.join(sorted(_KINDS))}, got {_short(kind)}")
+    budget = entry.get("budget")
+    if not isinstance(budget, str) or not budget:
+        raise ValueError(f"budget: want a budget name, got {_short(budget)}")
     step = entry.get("step")
-    if step is not None and step not in ACTIONS:
-        raise ValueError(f"step: unknown step {step!r}")
-    key = ViolationKey(
-        namespace,
-        str(entry["budget"]),
-        kind,
-        None if kind in TOTAL_KINDS else pod,
-        entry.get("device"),
-    )
+    if step is not None and (not isinstance(step, str) or step not in ACTIONS):
+        raise ValueError(f"step: want one of {', '.join(ACTIONS)}, got {_short(step)}")
+    device = _opt_str(entry, "device")
+    if (device is None) == (kind == "DeviceVRAM"):
+        want = "a device UUID for DeviceVRAM" if kind == "DeviceVRAM" else f"no device for {kind}"
+        raise ValueError(f"device: want {want}, got {_short(device)}")
+    _opt_str(entry, "pod")  # the annotated pod is the record's pod; a written one must still be text
+    if "since" not in entry:
+        raise ValueError("since: missing")
+    key = ViolationKey(namespace, budget, cast(ViolationKind, kind), None if kind in TOTAL_KINDS else pod, device)
     return ViolationRecord(
         key=key,
-        budget_uid=str(entry.get("budgetUID") or ""),
+        budget_uid=_opt_str(entry, "budgetUID") or "",
         since=_parse_time(entry["since"], "since"),
         opened_at=_opt_time(entry.get("openedAt"), "openedAt"),
         step=cast(Action | None, step),
         step_time=_opt_time(entry.get("stepTime"), "stepTime"),
         observed_bytes=_opt_int(entry.get("observedBytes"), "observedBytes"),
         limit_bytes=_opt_int(entry.get("limitBytes"), "limitBytes"),
+        evict_target_uid=_opt_str(entry, "evictTargetUID"),
     )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _opt_str(entry: Mapping[str, Any], field: str) -> str | None:
+    value = entry.get(field)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{field}: want a string, got {_short(value)}")
+    return value
 
 
 def _opt_time(value: Any, field: str) -> datetime | None:
@@ -200,8 +238,9 @@ def _opt_time(value: Any, field: str) -> datetime | None:
 def _opt_int(value: Any, field: str) -> int | None:
     if value is None:
         return None
-    if not isinstance(value, int) or value < 0:
-        raise ValueError(f"{field}: want a non-negative integer, got {value!r}")
+    # bool is an int in Python, not in JSON
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field}: want a non-negative integer, got {_short(value)}")
     return value
 
 
@@ -227,14 +266,17 @@ def records_from_status(budget: GPUMemoryBudget) -> list[ViolationRecord]:
                 opened_at=None if v.opened_at is None else whole_seconds(v.opened_at),
                 step=v.step,
                 step_time=None if v.step_time is None else whole_seconds(v.step_time),
+                dry_run=bool(v.dry_run),
+                evict_target_uid=v.evict_target_uid,
             )
         )
     return out
 
 
 def merge_records(a: ViolationRecord, b: ViolationRecord) -> ViolationRecord:
-    """Merge two records of the same key: earliest since/openedAt, furthest step."""
-    further, other = (a, b) if step_rank(a.step) >= step_rank(b.step) else (b, a)
+    """Merge two records of the same key: earliest since/openedAt, furthest step
+    (a step that fired beats one that only would have fired, at equal rank)."""
+    further, other = (a, b) if (step_rank(a.step), not a.dry_run) >= (step_rank(b.step), not b.dry_run) else (b, a)
     opened = [t for t in (a.opened_at, b.opened_at) if t is not None]
     observed = further.observed_bytes if further.observed_bytes is not None else other.observed_bytes
     limit = further.limit_bytes if further.limit_bytes is not None else other.limit_bytes
@@ -245,4 +287,5 @@ def merge_records(a: ViolationRecord, b: ViolationRecord) -> ViolationRecord:
         budget_uid=a.budget_uid or b.budget_uid,
         observed_bytes=observed,
         limit_bytes=limit,
+        evict_target_uid=further.evict_target_uid or other.evict_target_uid,
     )

@@ -98,7 +98,8 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **k
     api = _api_client()
     actions = KubeActions(api, timeout_seconds=cfg.request_timeout)
     limiter = EvictionLimiter(cfg.default_rate_limit, cfg.eviction_retry)
-    applier = Applier(actions, EventRecorder(actions.core), limiter, metrics)
+    recorder = EventRecorder(actions.core, timeout_seconds=cfg.request_timeout)
+    applier = Applier(actions, recorder, limiter, metrics)
     reconciler = Reconciler(cfg, applier, metrics)
 
     def read() -> indexes.Snapshot:

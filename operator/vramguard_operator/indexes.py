@@ -195,6 +195,12 @@ class Snapshot:
             n: v.value for n, v in self.policies.items() if isinstance(v.value, GPUMemoryPolicy)
         }
 
+    def invalid_policies(self) -> dict[str, str]:
+        """Policies that do not parse, by name: why (the field and the error).
+        They are not dropped: while any is left, every namespace is held in
+        DryRun (``policies.merge``)."""
+        return {n: v.value for n, v in self.policies.items() if isinstance(v.value, str)}
+
     def sample_times(self) -> dict[str, datetime | None]:
         """Each node's report sample time (None when it has no status)."""
         out: dict[str, datetime | None] = {}

@@ -6,16 +6,11 @@ agent with ``vramguard_api.trend.compute_trend``); the replay computes the same
 features from the recorded series with the same function, so both apply this
 rule to the same numbers.
 
-Rule (a violation *holds*):
-
-- when the features carry ``onsetSeconds`` (the structural-rise onset found by
-  ``vramguard_api.leak``): ``vramguard_api.leak.leak_from_trend`` with the
-  budget's ``minGrowthPerHour`` and ``minWindow`` — the very decision
-  ``detect_leak`` makes on the agent's history;
-- otherwise (features without an onset): the window covers at least
-  ``minWindow``, the lower 95% bound of the growth (``growthLowBytesPerHour``) is
-  at least ``minGrowthPerHour``, and the floor rose (``floorRiseBytes``) by at
-  least half of what ``minGrowthPerHour`` implies over the window.
+Rule (a violation *holds*): ``vramguard_api.leak.leak_from_trend`` with the
+budget's ``minGrowthPerHour`` and ``minWindow`` — the very decision
+``detect_leak`` makes on the agent's history. It needs the structural-rise onset
+(``onsetSeconds``/``riseSeconds``), which the agent reports only when the floor
+rises steadily: features without one are no leak, however steep the growth.
 
 Hysteresis: an open Leak violation closes only when the rule no longer holds
 *and* the point estimate ``growthBytesPerHour`` is below ``minGrowthPerHour``;
@@ -32,10 +27,6 @@ from vramguard_api.budget import LeakDetection
 from vramguard_api.leak import leak_from_trend
 from vramguard_api.trend import TrendFeatures
 from vramguard_api.units import parse_duration, quantity_to_bytes
-
-FLOOR_RISE_SHARE = 0.5
-# TrendFeatures gains onsetSeconds with vramguard_api.leak; until then the fallback rule applies.
-_HAS_ONSET = "onset_seconds" in TrendFeatures.model_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,20 +56,11 @@ def leak_holds(trend: TrendFeatures, th: LeakThresholds) -> bool | None:
     growth figures (too few samples)."""
     if trend.growth_bytes_per_hour is None:
         return None
-    if _HAS_ONSET:
-        return leak_from_trend(
-            trend,
-            min_growth_bytes_per_hour=th.min_growth_bytes_per_hour,
-            min_window_seconds=th.min_window_seconds,
-        )
-    if trend.growth_low_bytes_per_hour is None:
-        return None
-    if trend.window_seconds < th.min_window_seconds:
-        return False
-    if trend.growth_low_bytes_per_hour < th.min_growth_bytes_per_hour:
-        return False
-    needed_rise = FLOOR_RISE_SHARE * th.min_growth_bytes_per_hour * trend.window_seconds / 3600
-    return trend.floor_rise_bytes is None or trend.floor_rise_bytes >= needed_rise
+    return leak_from_trend(
+        trend,
+        min_growth_bytes_per_hour=th.min_growth_bytes_per_hour,
+        min_window_seconds=th.min_window_seconds,
+    )
 
 
 def leak_cleared(trend: TrendFeatures, th: LeakThresholds) -> bool | None:

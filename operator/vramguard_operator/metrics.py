@@ -13,7 +13,7 @@
   is open on the pod.
 - ``vramguard_actions_total{action,result,namespace}`` (counter): actions taken
   or attempted. ``action``: Warn, Annotate, Throttle, Evict, Recover.
-  ``result``: ``success``, ``failed`` (the API refused), ``impossible`` (no
+  ``result``: ``success``, ``failed`` (the API refused, or did not answer), ``impossible`` (no
   container can be throttled in place), ``blocked`` (a PodDisruptionBudget
   refused the eviction: HTTP 429), ``rate_limited`` (the eviction rate limit),
   ``backoff`` (waiting to retry a blocked eviction), ``dry_run`` (mode DryRun or
@@ -25,6 +25,9 @@
   decisions.
 - ``vramguard_node_report_age_seconds{node}`` (gauge): age of each node's latest
   report (evaluation time minus ``status.sampleTime``) at the last evaluation.
+- ``vramguard_evaluation_errors_total{stage}`` (counter): evaluations of a group
+  of namespaces that raised (``stage``: ``evaluate``, the engine; ``apply``, the
+  actions); the other groups go on, and the traceback is in the log.
 """
 
 from __future__ import annotations
@@ -83,6 +86,12 @@ class Metrics:
             ["node"],
             registry=self.registry,
         )
+        self.evaluation_errors = Counter(
+            "vramguard_evaluation_errors",
+            "Evaluations of a group of namespaces that raised, by stage (evaluate, apply).",
+            ["stage"],
+            registry=self.registry,
+        )
         self._violation_series: dict[tuple[str, str], set[str]] = {}
         self._ratio_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._leak_series: dict[tuple[str, str], set[str]] = {}
@@ -91,6 +100,10 @@ class Metrics:
     def action(self, action: str, result: str, namespace: str) -> None:
         """Count one action (see the module docstring for the label values)."""
         self.actions.labels(action=action, result=result, namespace=namespace).inc()
+
+    def evaluation_error(self, stage: str) -> None:
+        """Count one group evaluation that raised at ``stage`` (evaluate or apply)."""
+        self.evaluation_errors.labels(stage=stage).inc()
 
     def observe_latency(self, seconds: float) -> None:
         """Record one evaluation's decision latency, seconds (negative clamps to 0)."""

@@ -19,6 +19,10 @@ Precedence (docs/policy.md, "Precedence"):
   ``perDevice`` defaults, smallest wins.
 - ``mode``: ``DryRun`` wins over ``Enforce`` (audit before enforcement: adding a
   DryRun policy must never start enforcement anywhere).
+- A policy that cannot be evaluated (a malformed ``namespaceSelector``, or a
+  spec that does not parse) holds *every* namespace in ``DryRun`` until it is
+  fixed: where it applies cannot be known, and it may be the DryRun policy
+  that keeps a namespace from enforcement (fail safe). Its limits are not used.
 - ``evictionRateLimit``: the smallest ``perMinute`` and the smallest ``burst``.
 - ``injectFrameworkCaps``: on when any applying policy opts in.
 - Ties go to the policy whose name sorts first, so the winner is stable.
@@ -46,6 +50,8 @@ T = TypeVar("T")
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """The label the API server sets on every namespace (its own name)."""
 DEFAULT_EXEMPT = frozenset({"kube-system"})
+HELD = "every namespace is held in DryRun until it is fixed"
+"""What an invalid policy's Ready=False condition adds to its error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,8 @@ class MergedPolicy:
     Byte values are integers in bytes; fractions are in (0, 1]. ``None``: no
     applying policy sets the field. ``policies``: names of the applying
     policies, sorted. ``exempt_by``: a policy that exempts the namespace.
+    ``invalid``: one line per policy that could not be evaluated (its name and
+    the field); while there is any, ``mode`` is ``DryRun`` from the first of them.
     """
 
     namespace: str
@@ -88,6 +96,7 @@ class MergedPolicy:
     eviction_per_minute: Sourced[int] | None = None
     eviction_burst: Sourced[int] | None = None
     inject_framework_caps: Sourced[bool] | None = None
+    invalid: tuple[str, ...] = ()
 
     @property
     def exempt(self) -> bool:
@@ -153,11 +162,27 @@ def exempt_by(policies: Iterable[GPUMemoryPolicy], namespace: str) -> str | None
     return "default" if not any_policy and namespace in DEFAULT_EXEMPT else None
 
 
+def selector_problems(policies: Iterable[GPUMemoryPolicy]) -> dict[str, str]:
+    """Policy name -> why its ``namespaceSelector`` cannot be evaluated (the
+    error names the policy and the field), for every policy with a malformed one."""
+    out = {}
+    for policy in policies:
+        selector, name = policy.spec.namespace_selector, policy.metadata.name or ""
+        if selector is None:
+            continue
+        try:
+            compile_selector(selector, f"GPUMemoryPolicy {name}: spec.namespaceSelector")
+        except ValueError as err:
+            out[name] = str(err)
+    return out
+
+
 def applying_policies(
     policies: Sequence[GPUMemoryPolicy], namespace: str, labels: Mapping[str, str]
 ) -> tuple[list[GPUMemoryPolicy], list[str]]:
     """The policies that apply to the namespace, sorted by name, and one problem
-    line per policy whose selector could not be evaluated (it is skipped)."""
+    line per policy whose selector could not be evaluated (left out here;
+    ``merge`` holds the namespace in DryRun for it)."""
     out, problems = [], []
     for policy in sorted(policies, key=lambda p: p.metadata.name or ""):
         try:
@@ -169,18 +194,28 @@ def applying_policies(
 
 
 def merge(
-    policies: Sequence[GPUMemoryPolicy], namespace: str, labels: Mapping[str, str]
+    policies: Sequence[GPUMemoryPolicy],
+    namespace: str,
+    labels: Mapping[str, str],
+    invalid: Mapping[str, str] | None = None,
 ) -> MergedPolicy:
     """Merge every policy that applies to ``namespace`` into one ``MergedPolicy``
     (precedence in the module docstring). ``policies`` is every policy of the
-    cluster; those that do not apply are ignored, except for exemptions."""
+    cluster that parses; those that do not apply are ignored, except for
+    exemptions. ``invalid``: policy name -> error of each policy whose spec
+    does not parse. A malformed selector or an invalid policy makes the mode
+    ``DryRun`` (``MergedPolicy.invalid`` says why)."""
     applying, _ = applying_policies(policies, namespace, labels)
+    broken = {**selector_problems(policies), **(invalid or {})}
     fields = {name: combine(applying, read) for name, (read, combine) in FIELDS.items()}
+    held: Sourced[Mode] | None = Sourced("DryRun", min(broken)) if broken else None
+    mode = held or _mode(applying)
     return MergedPolicy(
         namespace=namespace,
         policies=tuple(p.metadata.name or "" for p in applying),
         exempt_by=exempt_by(policies, namespace),
-        mode=_mode(applying),
+        mode=mode,
+        invalid=tuple(broken[n] for n in sorted(broken)),
         **fields,
     )
 
@@ -335,10 +370,15 @@ def policy_status(
     status does not change."""
     previous = policy.status.conditions if policy.status else None
     gen = policy.metadata.generation
+    # Checked on its own: with no namespace (or only exempt ones) to match, the
+    # selector would never be compiled below.
+    problem = selector_problems([policy]).get(policy.metadata.name or "")
     try:
+        if problem is not None:
+            raise ValueError(problem)
         names = sorted(ns for ns, labels in namespaces.items() if policy_applies(policy, ns, labels))
     except ValueError as err:
-        wanted = [ConditionSpec(C.READY, "False", C.REASON_INVALID_SPEC, str(err))]
+        wanted = [ConditionSpec(C.READY, "False", C.REASON_INVALID_SPEC, f"{err}; {HELD}")]
         return GPUMemoryPolicyStatus(
             observedGeneration=gen,
             conditions=settle_conditions(wanted, previous, gen, now),

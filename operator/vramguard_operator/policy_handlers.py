@@ -28,10 +28,12 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from vramguard_api.policy import GPUMemoryPolicy
+from vramguard_api import conditions as C
+from vramguard_api.policy import GPUMemoryPolicy, GPUMemoryPolicyStatus
 
+from .budget_status import ConditionSpec, settle_conditions
 from .index_views import namespaces_of
-from .policies import policy_status
+from .policies import HELD, policy_status
 from .shares import KAI_GPU_FRACTION, KAI_GPU_MEMORY, PodGPURequest
 
 GROUP, VERSION, POLICIES = "vramguard.io", "v1alpha1", "gpumemorypolicies"
@@ -142,21 +144,49 @@ def desired_statuses(
     bodies: list[Mapping[str, Any]], namespaces: Mapping[str, Mapping[str, str]], now: datetime
 ) -> dict[str, dict[str, Any]]:
     """Status merge patches by policy name, for the policies whose status differs
-    from the desired one (policies that do not parse are skipped and logged)."""
+    from the desired one. A policy that does not parse gets Ready=False with
+    reason InvalidSpec naming the field (it holds every namespace in DryRun)."""
     parsed: list[tuple[GPUMemoryPolicy, Mapping[str, Any]]] = []
+    out = {}
     for body in bodies:
         try:
             parsed.append((GPUMemoryPolicy.model_validate(body), body))
         except ValidationError as err:
-            log.warning("GPUMemoryPolicy %s: %s", (body.get("metadata") or {}).get("name"), err.errors()[0])
+            name, patch = invalid_status_patch(body, err, now)
+            if patch:
+                out[name] = patch
     every = [p for p, _ in parsed]
-    out = {}
     for policy, body in parsed:
         desired = policy_status(policy, every, namespaces, now).to_api()
         patch = status_patch(body.get("status"), desired)
         if patch:
             out[policy.metadata.name or ""] = patch
     return out
+
+
+def invalid_status_patch(
+    body: Mapping[str, Any], err: ValidationError, now: datetime
+) -> tuple[str, dict[str, Any]]:
+    """The policy's name and the status patch of a policy whose spec does not
+    parse: Ready=False, reason InvalidSpec, the first error with its field."""
+    meta = body.get("metadata") or {}
+    name, gen = str(meta.get("name") or ""), meta.get("generation")
+    first = err.errors()[0]
+    where = ".".join(str(x) for x in first["loc"]) or "spec"
+    text = f"GPUMemoryPolicy {name}: {where}: {first['msg']}"
+    previous = None
+    with contextlib.suppress(ValidationError, TypeError):
+        previous = GPUMemoryPolicyStatus.model_validate(body.get("status") or {}).conditions
+    wanted = [ConditionSpec(C.READY, "False", C.REASON_INVALID_SPEC, f"{text}; {HELD}")]
+    desired = GPUMemoryPolicyStatus(
+        observedGeneration=gen,
+        conditions=settle_conditions(wanted, previous, gen, now),
+        matchedNamespaces=0,
+    ).to_api()
+    patch = status_patch(body.get("status"), desired)
+    if patch:  # logged when the status changes, not on every pass
+        log.warning("%s; %s", text, HELD)
+    return name, patch
 
 
 def _api() -> client.CustomObjectsApi:

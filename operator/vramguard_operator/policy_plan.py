@@ -175,10 +175,14 @@ class PolicyMemory:
 
 
 def merged_policies(
-    policies: Sequence[GPUMemoryPolicy], namespace_labels: Mapping[str, Mapping[str, str]], namespaces: Iterable[str]
+    policies: Sequence[GPUMemoryPolicy],
+    namespace_labels: Mapping[str, Mapping[str, str]],
+    namespaces: Iterable[str],
+    invalid: Mapping[str, str] | None = None,
 ) -> dict[str, MergedPolicy]:
-    """The merged policy of each namespace."""
-    return {ns: merge(policies, ns, namespace_labels.get(ns, {})) for ns in namespaces}
+    """The merged policy of each namespace (``invalid``: policies that do not
+    parse, name -> error; they hold every namespace in DryRun)."""
+    return {ns: merge(policies, ns, namespace_labels.get(ns, {}), invalid) for ns in namespaces}
 
 
 def node_facts(gpu_nodes: Mapping[str, Mapping[str, Any]], reports: Mapping[str, NodeGPUUsage]) -> dict[str, NodeFacts]:

@@ -53,7 +53,7 @@ from .engine_types import (
 )
 from .indexes import BudgetEntry, Overlay, Snapshot, Versioned, has_vramguard_state
 from .metrics import Metrics
-from .policies import merge
+from .policies import merge, selector_problems
 
 log = logging.getLogger("vramguard.reconcile")
 
@@ -135,28 +135,26 @@ def namespace_policies(
     policies: Mapping[str, GPUMemoryPolicy],
     namespace_labels: Mapping[str, Mapping[str, str]],
     namespaces: Iterable[str],
+    invalid: Mapping[str, str] | None = None,
 ) -> dict[str, NamespacePolicy]:
     """The policy of each namespace, by ``policies.merge`` (docs/policy.md,
     "Precedence"): DryRun wins over Enforce; a namespace listed in any policy's
     ``exemptNamespaces`` is exempt (``kube-system`` when there is no policy).
     The effective policy's ``exempt_namespaces`` is the namespace itself when it
-    is exempt, else empty; the rate-limit scopes are the applying policies."""
+    is exempt, else empty; the rate-limit scopes are the applying policies.
+
+    Fail safe: while a policy cannot be evaluated (a malformed selector, or a
+    spec in ``invalid``: name -> error, that does not parse), every namespace
+    is DryRun and exempt from actions."""
     every = [policies[n] for n in sorted(policies)]
     out = {}
     for ns in namespaces:
-        try:
-            merged = merge(every, ns, namespace_labels.get(ns, {}))
-        except ValueError as err:  # a malformed selector: act as nowhere safe to act
-            log.warning("%s", err)
-            out[ns] = NamespacePolicy(
-                EffectivePolicy(mode="DryRun", exempt_namespaces=frozenset({ns})),
-                (EvictionLimiter.DEFAULT_SCOPE,),
-            )
-            continue
+        merged = merge(every, ns, namespace_labels.get(ns, {}), invalid)
+        held = merged.exempt or bool(merged.invalid)
         out[ns] = NamespacePolicy(
             EffectivePolicy(
                 mode=merged.effective_mode,
-                exempt_namespaces=frozenset({ns}) if merged.exempt else frozenset(),
+                exempt_namespaces=frozenset({ns}) if held else frozenset(),
             ),
             merged.policies or (EvictionLimiter.DEFAULT_SCOPE,),
         )
@@ -205,9 +203,12 @@ def plan(
 ) -> Plan:
     """Build the engine inputs of one evaluation from a snapshot."""
     scope = scope_of(snap)
-    merged = policy_plan.merged_policies(list(snap.valid_policies().values()), snap.namespaces, scope)
+    broken = snap.invalid_policies()
+    merged = policy_plan.merged_policies(
+        list(snap.valid_policies().values()), snap.namespaces, scope, broken
+    )
     nodes = policy_plan.node_facts(snap.gpu_nodes, snap.valid_reports())
-    pols = namespace_policies(snap.valid_policies(), snap.namespaces, scope)
+    pols = namespace_policies(snap.valid_policies(), snap.namespaces, scope, broken)
     reports = snap.valid_reports()
     invalid = [e for ns in scope for e in snap.budgets.get(ns, ()) if e.value.budget is None]
     held = {e.value.namespace for e in invalid}
@@ -302,6 +303,7 @@ class Reconciler:
         self._first_trigger: float | None = None
         self.last_evaluation: float | None = None  # monotonic
         self.evaluations = 0
+        self._policy_problems: dict[str, str] = {}  # last logged, to log changes only
 
     # -- called by handlers (on the event loop)
 
@@ -347,14 +349,12 @@ class Reconciler:
         snap = self.overlay.apply(snap)
         live = {p.value.uid for pods in snap.pods.values() for p in pods}
         self._forget(snap, live)  # before acting: errors of this evaluation stay till the next
+        self._log_policy_problems(snap)
         work = plan(snap, now, self.config.engine(), self.policy_memory)
         limiter = self.applier.limiter
         limiter.configure({n: p.spec.eviction_rate_limit for n, p in snap.valid_policies().items()})
         for group in work.groups:
-            out = evaluate(group.input)
-            for problem in out.problems:
-                log.warning("%s", problem)
-            self._apply(group, out, work)
+            self._evaluate_group(group, work)
         self._write_invalid(work, now)
         limiter.forget(live)
         self.policy_memory.forget(live)
@@ -363,6 +363,39 @@ class Reconciler:
         self.metrics.set_report_ages(snap.sample_times(), now)
         self.last_evaluation = time.monotonic()
         self.evaluations += 1
+
+    def _log_policy_problems(self, snap: Snapshot) -> None:
+        """Log (when they change) the policies that cannot be evaluated: each
+        holds every namespace in DryRun until it is fixed."""
+        problems = {**selector_problems(snap.valid_policies().values()), **snap.invalid_policies()}
+        if problems == self._policy_problems:
+            return
+        if problems:
+            log.error("%s; every namespace is held in DryRun (no actions) until fixed",
+                      "; ".join(problems[n] for n in sorted(problems)))
+        else:
+            log.info("every GPUMemoryPolicy is valid again; namespaces follow their policies")
+        self._policy_problems = problems
+
+    def _evaluate_group(self, group: Group, work: Plan) -> None:
+        """Evaluate and apply one group; an exception is logged with the group's
+        namespaces and counted, and the other groups go on (a bug hit by one
+        namespace's objects must not stop enforcement everywhere)."""
+        where = ", ".join(group.namespaces)
+        try:
+            out = evaluate(group.input)
+        except Exception:
+            log.exception("evaluation of namespaces %s failed; other namespaces go on", where)
+            self.metrics.evaluation_error("evaluate")
+            return
+        for problem in out.problems:
+            log.warning("%s", problem)
+        try:
+            self._apply(group, out, work)
+        except Exception:
+            log.exception("applying the decisions of namespaces %s failed; other namespaces go on",
+                          where)
+            self.metrics.evaluation_error("apply")
 
     def _apply(self, group: Group, out: EngineOutput, work: Plan) -> None:
         ctx = ApplyContext(
@@ -395,8 +428,15 @@ class Reconciler:
         self._write_limits(group)
 
     def _write_limits(self, group: Group) -> None:
-        """Write the ``vramguard.io/limits`` annotations of GPU pods no budget selects."""
+        """Write the ``vramguard.io/limits`` annotations of GPU pods no budget
+        selects, only where vramguard may change objects: not in DryRun (which
+        changes nothing but status, Events and metrics) nor in exempt namespaces
+        (budget status, ``vramguard top`` and Events still name the sources)."""
+        if group.policy.mode == "DryRun":
+            return
         for ref, patch in self.policy_memory.pending_limits(group.view):
+            if ref.namespace in group.policy.exempt_namespaces:
+                continue
             try:
                 body = self.applier.actions.patch_pod_annotations(ref, patch)
             except Exception as err:  # the next evaluation retries

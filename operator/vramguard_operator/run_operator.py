@@ -33,6 +33,26 @@ def _duration(flag: str) -> Callable[[str], float]:
     return parse
 
 
+def _whole(flag: str, env: str, low: int = 0, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high]. The error names the flag
+    and its variable (defaults come from the environment as strings, which
+    argparse converts with this too), never a traceback."""
+
+    def parse(value: str) -> int:
+        try:
+            number: int | None = int(value, 10)
+        except ValueError:
+            number = None
+        if number is None or number < low or (high is not None and number > high):
+            span = f">= {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(
+                f"want a whole number {span} ({flag} or env {env}), got {value!r}"
+            )
+        return number
+
+    return parse
+
+
 def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
@@ -64,8 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
-        default=int(_env("VRAMGUARD_METRICS_PORT", "9090")),
+        type=_whole("--metrics-port", "VRAMGUARD_METRICS_PORT", 0, 65535),
+        default=_env("VRAMGUARD_METRICS_PORT", "9090"),
         help="Prometheus /metrics port; 0 disables (env VRAMGUARD_METRICS_PORT; default 9090)",
     )
     p.add_argument(
@@ -95,15 +115,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         )
     p.add_argument(
         "--eviction-rate-per-minute",
-        type=int,
-        default=int(_env("VRAMGUARD_EVICTION_RATE_PER_MINUTE", "2")),
+        type=_whole("--eviction-rate-per-minute", "VRAMGUARD_EVICTION_RATE_PER_MINUTE"),
+        default=_env("VRAMGUARD_EVICTION_RATE_PER_MINUTE", "2"),
         help="evictions per minute where no GPUMemoryPolicy selects the namespace "
         "(env VRAMGUARD_EVICTION_RATE_PER_MINUTE; default 2)",
     )
     p.add_argument(
         "--eviction-burst",
-        type=int,
-        default=int(_env("VRAMGUARD_EVICTION_BURST", "2")),
+        type=_whole("--eviction-burst", "VRAMGUARD_EVICTION_BURST"),
+        default=_env("VRAMGUARD_EVICTION_BURST", "2"),
         help="eviction burst where no GPUMemoryPolicy selects the namespace "
         "(env VRAMGUARD_EVICTION_BURST; default 2)",
     )

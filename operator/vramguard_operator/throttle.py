@@ -9,13 +9,16 @@ container's shape so that the pod's QoS class never changes (the API server
 refuses a resize that would change it): a request equal to its limit stays
 equal (a Guaranteed pod stays Guaranteed), a request below its limit stays
 1m below the new one (a Burstable pod never becomes Guaranteed). The original limit and request are kept in the
-``vramguard.io/original-cpu`` annotation and put back on recovery.
+``vramguard.io/original-cpu`` annotation and put back on recovery, but only on
+containers whose CPU limit is still a throttle target vramguard set: the
+annotation can be written by others, and must never raise a pod's CPU beyond
+what vramguard itself took away.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
@@ -41,23 +44,35 @@ def _cpu(value: str) -> Decimal:
     return Decimal(parse_quantity(value))
 
 
+def _valid_cpu(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        return _cpu(value) > 0
+    except (ValueError, ArithmeticError):
+        return False
+
+
 def parse_original(text: str | None) -> Original | None:
-    """Parse ``vramguard.io/original-cpu``; None when absent or malformed."""
+    """Parse ``vramguard.io/original-cpu``; None when absent or malformed.
+
+    A container entry whose ``limit`` is not a positive CPU quantity is
+    skipped; a ``request`` that is not one is taken as unset."""
     if not text:
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
     out: Original = {}
     for name, res in data.items():
-        if isinstance(res, dict) and isinstance(res.get("limit"), str):
+        if isinstance(res, dict) and _valid_cpu(res.get("limit")):
             request = res.get("request")
             out[str(name)] = {
                 "limit": res["limit"],
-                "request": request if isinstance(request, str) else None,
+                "request": request if _valid_cpu(request) else None,
             }
     return out
 
@@ -121,6 +136,22 @@ def _millis(cores: Decimal) -> str:
     return f"{int(cores / _MILLI)}m"
 
 
-def plan_restore(original: Original) -> tuple[ContainerCPU, ...]:
-    """The resize that puts the recorded CPU resources back."""
-    return tuple(ContainerCPU(name, res["limit"] or "", res.get("request")) for name, res in sorted(original.items()))
+def plan_restore(original: Original, pod: PodFacts, targets: Collection[str]) -> tuple[ContainerCPU, ...]:
+    """The resize that puts the recorded CPU resources back.
+
+    Only containers of ``pod`` whose current CPU limit equals one of ``targets``
+    (the throttle targets of the violations that throttled the pod, CPU
+    quantities compared by value: ``"500m"`` equals ``"0.5"``) are restored; a
+    container changed since, or a pod vramguard did not throttle, is left as it
+    is. Empty when ``targets`` is empty."""
+    wanted = {_cpu(t) for t in targets}
+    at_target = {
+        c.name
+        for c in pod.containers
+        if c.cpu_limit is not None and _valid_cpu(c.cpu_limit) and _cpu(c.cpu_limit) in wanted
+    }
+    return tuple(
+        ContainerCPU(name, res["limit"] or "", res.get("request"))
+        for name, res in sorted(original.items())
+        if name in at_target
+    )

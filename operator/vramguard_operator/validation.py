@@ -5,8 +5,9 @@
   message names the ceiling and the policy.
 - ``validate_pod``: while a job's total budget is throttled (an open TotalVRAM
   or TotalRAM violation whose ladder reached Throttle or Evict, in Enforce mode,
-  outside exempt namespaces), new pods that budget selects are rejected: adding
-  workers to a job that is already over its total only makes it worse.
+  outside exempt namespaces, on data that is not stale), new pods that budget
+  selects are rejected: adding workers to a job that is already over its total
+  only makes it worse.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudget, ViolationKind
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.units import format_bytes
@@ -98,11 +100,14 @@ def throttled_jobs(
 ) -> list[ThrottledJob]:
     """The budgets whose status shows a total violation at Throttle or Evict,
     in effective mode Enforce, outside ``exempt_namespaces``. A budget whose
-    selector is malformed is skipped (the engine reports it as invalid)."""
+    selector is malformed is skipped (the engine reports it as invalid), and so
+    is one whose DataStale condition is True: no enforcement on stale data."""
     out = []
     for b in budgets:
         st, ns = b.status, b.metadata.namespace or ""
         if st is None or st.effective_mode != "Enforce" or ns in exempt_namespaces:
+            continue
+        if any(c.type == C.DATA_STALE and c.status == "True" for c in st.conditions or ()):
             continue
         for v in st.violations or ():
             if v.kind not in TOTAL_KINDS or v.step not in BLOCKING_STEPS:

@@ -3,7 +3,8 @@ they are written (validate server-side with default and non-default values,
 install, upgrade, uninstall); the objects exist; the agent lands only on GPU
 nodes; each ServiceAccount can do what it needs and nothing else (kubectl auth
 can-i); an agent's pod-bound token may write only its own node's report; values
-that break the schema are rejected.
+that break the schema are rejected; only the operator may write its state
+annotations on pods.
 
 The operator and agent containers do not run here (kwok simulates the kubelet):
 the tests cover what the chart asks of the API server."""
@@ -37,6 +38,8 @@ from tests.unit.chart.helm import (
 pytestmark = pytest.mark.e2e
 
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:vramguard-operator"
+NODE_POLICY = "vramguard-agent-own-node"
+STATE_POLICY = "vramguard-operator-pod-state"
 AGENT = f"system:serviceaccount:{NAMESPACE}:vramguard-agent"
 # Two extra kwok nodes: one without any GPU label (no agent may land there) and
 # one with only Node Feature Discovery's NVIDIA label and the nvidia.com/gpu
@@ -171,22 +174,25 @@ def test_install_creates_every_object(installed, cluster):
                 "clusterrolebinding/vramguard-operator", "clusterrolebinding/vramguard-agent",
                 "validatingwebhookconfiguration/vramguard",
                 "mutatingwebhookconfiguration/vramguard",
-                "validatingadmissionpolicy/vramguard-agent-own-node",
-                "validatingadmissionpolicybinding/vramguard-agent-own-node"):
+                f"validatingadmissionpolicy/{NODE_POLICY}",
+                f"validatingadmissionpolicybinding/{NODE_POLICY}",
+                f"validatingadmissionpolicy/{STATE_POLICY}",
+                f"validatingadmissionpolicybinding/{STATE_POLICY}"):
         get(cluster, ref)
     dep = get(cluster, "deployment/vramguard-operator", *ns)
     assert dep["status"].get("availableReplicas") == 1
-    # The controller-manager type-checks the policy's CEL against the CRD's
-    # schema and reports warnings in status; there must be none.
-    deadline = time.monotonic() + 60
-    while True:
-        vap = get(cluster, "validatingadmissionpolicy/vramguard-agent-own-node")
-        status = vap.get("status", {})
-        if status.get("observedGeneration") == vap["metadata"]["generation"]:
-            break
-        assert time.monotonic() < deadline, f"policy not type-checked: {status}"
-        time.sleep(1)
-    assert status.get("typeChecking", {}).get("expressionWarnings") is None, status
+    # The controller-manager type-checks each policy's CEL against the schema
+    # of what it matches and reports warnings in status; there must be none.
+    for policy in (NODE_POLICY, STATE_POLICY):
+        deadline = time.monotonic() + 60
+        while True:
+            vap = get(cluster, f"validatingadmissionpolicy/{policy}")
+            status = vap.get("status", {})
+            if status.get("observedGeneration") == vap["metadata"]["generation"]:
+                break
+            assert time.monotonic() < deadline, f"{policy} not type-checked: {status}"
+            time.sleep(1)
+        assert status.get("typeChecking", {}).get("expressionWarnings") is None, (policy, status)
 
 
 def test_install_prints_the_notes(installed):
@@ -222,12 +228,12 @@ CAN_I = [
     (OPERATOR, "patch", "pods", "", True),
     (OPERATOR, "watch", "pods", "", True),
     (OPERATOR, "create", "events", "", True),
-    (OPERATOR, "create", "events.events.k8s.io", "", True),
+    (OPERATOR, "create", "events.events.k8s.io", "", False),
     (OPERATOR, "list", "nodegpuusages.vramguard.io", "", True),
     (OPERATOR, "patch", "gpumemorybudgets.vramguard.io", "status", True),
     (OPERATOR, "update", "gpumemorypolicies.vramguard.io", "status", True),
     (OPERATOR, "watch", "customresourcedefinitions.apiextensions.k8s.io", "", True),
-    (OPERATOR, "list", "poddisruptionbudgets.policy", "", True),
+    (OPERATOR, "list", "poddisruptionbudgets.policy", "", False),
     (OPERATOR, "list", "nodes", "", True),
     (OPERATOR, "delete", "pods", "", False),
     (OPERATOR, "create", "pods", "", False),
@@ -389,6 +395,94 @@ def test_agent_token_cannot_evict_or_patch_pods(cluster, agent_on_nfd_node):
     assert [p.metadata.name for p in listed.items] == [pod]
 
 
+# --- the operator's state on pods ------------------------------------------------
+
+STATE_NS = "vg-chart-pod-state"
+TENANT = f"system:serviceaccount:{STATE_NS}:tenant"
+
+
+@pytest.fixture(scope="module")
+def tenant(installed: Docs, cluster: Any) -> Iterator[str]:
+    """A namespace where ServiceAccount ``tenant`` may create and patch pods
+    (status included), with pod ``w0`` carrying the operator's state."""
+    cluster.kubectl("delete", "namespace", STATE_NS, "--ignore-not-found", "--timeout=120s")
+    objs = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": STATE_NS}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "tenant", "namespace": STATE_NS}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "pods", "namespace": STATE_NS},
+         "rules": [{"apiGroups": [""], "resources": ["pods", "pods/status"],
+                    "verbs": ["get", "create", "patch", "update"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "pods", "namespace": STATE_NS},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
+         "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": STATE_NS}]},
+        state_pod("w0", {"vramguard.io/violations": "[]", "vramguard.io/original-cpu": "{}"}),
+    ]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))  # as a cluster admin
+    try:
+        yield STATE_NS
+    finally:
+        cluster.kubectl("delete", "namespace", STATE_NS, "--wait=false", check=False)
+
+
+def state_pod(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": STATE_NS, "annotations": annotations},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}],
+                     # never scheduled: kwok would play the kubelet, which is not the point here
+                     "nodeSelector": {"vg-chart-e2e": "no-such-node"}}}
+
+
+def patch_as(cluster: Any, who: str, annotations: dict[str, str | None],
+             sub: str = "") -> subprocess.CompletedProcess[str]:
+    args = ["patch", "pod", "w0", "-n", STATE_NS, f"--as={who}", "--type=merge",
+            "-p", json.dumps({"metadata": {"annotations": annotations}})]
+    if sub:
+        args.append(f"--subresource={sub}")
+    return cluster.kubectl(*args, check=False)
+
+
+def annotations(cluster: Any) -> dict[str, str]:
+    return dict(get(cluster, "pod/w0", "-n", STATE_NS)["metadata"].get("annotations") or {})
+
+
+@pytest.mark.parametrize(("change", "sub"), [
+    ({"vramguard.io/violations": "[]  "}, ""),            # changed
+    ({"vramguard.io/violations": None}, ""),               # removed
+    ({"vramguard.io/limits": '{"perPod":{}}'}, ""),        # added
+    ({"vramguard.io/original-cpu": None}, "status"),       # through pods/status
+], ids=["change", "remove", "add", "status"])
+def test_a_tenant_may_not_edit_the_operators_state(cluster, tenant, change, sub):
+    before = annotations(cluster)
+    res = patch_as(cluster, TENANT, change, sub)
+    assert res.returncode != 0
+    assert "only the vramguard operator may add, change or remove" in res.stderr, res.stderr
+    assert STATE_POLICY in res.stderr
+    assert annotations(cluster) == before
+
+
+def test_a_tenant_may_edit_other_annotations_and_the_operator_its_state(cluster, tenant):
+    res = patch_as(cluster, TENANT, {"example.com/note": "mine"})
+    assert res.returncode == 0, res.stderr
+    res = patch_as(cluster, OPERATOR, {"vramguard.io/violations": None,
+                                       "vramguard.io/violation": "closed"})
+    assert res.returncode == 0, res.stderr
+    got = annotations(cluster)
+    assert got["example.com/note"] == "mine" and got["vramguard.io/violation"] == "closed"
+    assert "vramguard.io/violations" not in got
+
+
+def test_a_pod_may_be_created_with_the_webhooks_record_only(cluster, tenant):
+    ok = state_pod("created", {"vramguard.io/injected": "{}"})
+    res = cluster.kubectl("create", "-f", "-", f"--as={TENANT}", input=json.dumps(ok), check=False)
+    assert res.returncode == 0, res.stderr
+    bad = state_pod("preset", {"vramguard.io/original-cpu": '{"main":{"limit":"64"}}'})
+    res = cluster.kubectl("create", "-f", "-", f"--as={TENANT}", input=json.dumps(bad), check=False)
+    assert res.returncode != 0 and "vramguard.io/original-cpu" in res.stderr, res.stderr
+
+
 # --- schema and upgrade ----------------------------------------------------------
 
 
@@ -430,7 +524,8 @@ def test_docs_uninstall_block_removes_the_release_and_keeps_the_crds(installed, 
     installed.run("uninstall")
     for ref in ("validatingwebhookconfiguration/vramguard",
                 "mutatingwebhookconfiguration/vramguard",
-                "validatingadmissionpolicy/vramguard-agent-own-node",
+                f"validatingadmissionpolicy/{NODE_POLICY}",
+                f"validatingadmissionpolicy/{STATE_POLICY}",
                 "clusterrole/vramguard-operator", "clusterrole/vramguard-agent"):
         res = cluster.kubectl("get", ref, check=False)
         assert res.returncode != 0 and "NotFound" in res.stderr, ref

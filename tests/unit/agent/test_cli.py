@@ -132,3 +132,24 @@ def test_once_at_sim_speed_samples_scenario_time(tmp_path):
         assert parts.sampler.history_clock == parts.backend.now  # type: ignore[attr-defined]
     finally:
         parts.close()
+
+
+@pytest.mark.parametrize(("var", "value", "flag"), [
+    ("VRAMGUARD_HISTORY_POINTS", "many", "--history-points"),
+    ("VRAMGUARD_HISTORY_POINTS", "0", "--history-points"),
+    ("VRAMGUARD_LOG_LEVEL", "LOUD", "--log-level"),
+])
+def test_bad_environment_values_name_the_variable_not_a_traceback(monkeypatch, capsys, var, value, flag):
+    monkeypatch.setenv(var, value)
+    top = parser()  # building the parser does not convert environment values
+    with pytest.raises(SystemExit) as exit_:
+        top.parse_args(["once", "--node", "n"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and var in err and repr(value) in err
+
+
+def test_flags_override_bad_environment_values_and_levels_are_case_insensitive(monkeypatch):
+    monkeypatch.setenv("VRAMGUARD_HISTORY_POINTS", "many")
+    args = parser().parse_args(["once", "--history-points", "50", "--log-level", "debug"])
+    assert (args.history_points, args.log_level) == (50, "DEBUG")

@@ -25,6 +25,7 @@ from .builders import GIB, MIB
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 AGENT = AgentInfo(version="t", backend="sim", sampleIntervalSeconds=10)
 A, B = "aaaaaaaa-0000-0000-0000-000000000001", "bbbbbbbb-0000-0000-0000-000000000002"
+C_ = "cccccccc-0000-0000-0000-000000000003"
 CA, CA2, CB = "a" * 64, "c" * 64, "b" * 64
 
 
@@ -159,9 +160,32 @@ def test_lost_device_is_unhealthy_and_its_processes_absent():
     assert s.pods[0].vram_bytes == GIB
 
 
+def test_pods_seen_on_a_device_whose_listing_failed_are_unknown():
+    """Pods seen on GPU-1 in the last good listing become Unknown while it is lost
+    (their sum over GPU-0 alone would be a partial one); GPU pods without a
+    process anywhere are Unknown too; a pod never seen there stays Measured."""
+    lost = DeviceSample(uuid="GPU-1", index=1, processes=None, health="Lost", error="NVMLError_GpuIsLost")
+    sample = GPUSample([device("GPU-0", GPUProcess(1, GIB), GPUProcess(3, 2 * GIB)), lost])
+    meta = {C_: PodMeta(C_, "ns", "idle", gpu=True)}
+    agg = aggregate(sample, {1: attr(A, CA), 3: attr(B, CB)}, last_seen={"GPU-1": {A, C_}, "GPU-0": {B}})
+    s = build_status(sample, None, agg, PodInputs(pods=meta, gpu_pods=[C_]), AGENT, NOW)
+    by_uid = {p.uid: p for p in s.pods}
+    assert (by_uid[A].attribution, by_uid[A].vram_bytes) == ("Unknown", None)
+    assert {d.uuid: d.used_bytes for d in by_uid[A].devices} == {"GPU-0": GIB, "GPU-1": None}
+    assert (by_uid[B].attribution, by_uid[B].vram_bytes) == ("Measured", 2 * GIB)
+    assert (by_uid[C_].attribution, by_uid[C_].vram_bytes) == ("Unknown", None)
+    assert s.devices[1].processes_complete is False and s.devices[1].process_bytes is None
+    missing = next(c for c in s.conditions if c.type == "ProcessesMissing")
+    assert missing.status == "True" and "GPU-1" in missing.message
+    assert agg.seen == {"GPU-0": {A, B}}  # what the sampler keeps as the last good listing
+
+
 def test_backend_unavailable_reports_no_devices_and_the_reason():
     s = status(None, {}, error="nvmlInit failed: NVMLError_LibraryNotFound")
     assert s.devices == [] and s.pods == []
+    # GPU pods are Unknown then, not Measured 0
+    s = status(None, {}, PodInputs(pods={B: PodMeta(B, "ns", "idle", gpu=True)}, gpu_pods=[B]), error="x")
+    assert (s.pods[0].attribution, s.pods[0].vram_bytes) == ("Unknown", None)
     healthy = next(c for c in s.conditions if c.type == "AgentHealthy")
     assert (healthy.status, healthy.reason) == ("False", "NVMLUnavailable")
 

@@ -200,3 +200,40 @@ def test_ram_only_pod_memory_figures_in_mib(tmp_path):
     now = [0.0]
     status = make(tmp_path, now).sample().status
     assert all((p.ram_working_set_bytes or 0) % MIB == 0 for p in status.pods)
+
+
+def test_pods_on_a_lost_device_are_unknown_not_a_partial_sum(tmp_path):
+    """GPU 1 is lost from 1m to 2m: the pod with a process on each GPU must not be
+    reported as Measured with GPU 0's bytes only, nor the idle GPU pod as 0."""
+    spec = {
+        **NODE,
+        "pods": [
+            *NODE["pods"],
+            {"namespace": "ml", "name": "wide", "containers": [{"name": "main", "processes": [
+                {"gpu": 0, "memory": "2Gi"}, {"gpu": 1, "memory": "3Gi"}]}]},
+        ],
+        "faults": [{"type": "gpu-lost", "gpu": 1, "from": "1m", "until": "2m"}],
+    }
+    node = Scenario.model_validate({"nodes": [spec]}).node("n1")
+    now = [0.0]
+    backend = SimBackend(node, host_root=tmp_path, clock=lambda: now[0])
+    sampler = Sampler(backend, proc_root=tmp_path / "proc", memory=CgroupMemoryReader(tmp_path / "cgroup"),
+                      pods=backend.pod_metas, container_names=backend.container_names,
+                      wall_clock=lambda: 1_700_000_000 + now[0])
+
+    def pods() -> dict[str, tuple[str, int | None]]:
+        status = sampler.sample().status
+        return {p.name or "": (p.attribution, p.vram_bytes) for p in status.pods}
+
+    assert pods() == {"leaky": ("Measured", 4 * GIB), "idle": ("Measured", 0), "wide": ("Measured", 5 * GIB)}
+    now[0] = 90.0
+    status = sampler.sample().status
+    by_name = {p.name: p for p in status.pods}
+    assert (by_name["wide"].attribution, by_name["wide"].vram_bytes) == ("Unknown", None)
+    assert (by_name["idle"].attribution, by_name["idle"].vram_bytes) == ("Unknown", None)
+    assert (by_name["leaky"].attribution, by_name["leaky"].vram_bytes) == ("Measured", 4 * GIB + 90 * 2 * GIB // 3600)
+    lost = status.devices[1]
+    assert lost.health == "Lost" and lost.processes_complete is False
+    assert {d.uuid: d.used_bytes for d in by_name["wide"].devices}[lost.uuid] is None
+    now[0] = 150.0  # the device is back: measured again
+    assert pods()["wide"] == ("Measured", 5 * GIB)

@@ -42,6 +42,11 @@ pytestmark = pytest.mark.skipif(
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 ALL_VALUES = [None, *CI_VALUES]
 AGENT_SA = f"system:serviceaccount:{NAMESPACE}:vramguard-agent"
+OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:vramguard-operator"
+NODE_POLICY = "vramguard-agent-own-node"
+STATE_POLICY = "vramguard-operator-pod-state"
+STATE_KEYS = ["vramguard.io/violations", "vramguard.io/violation", "vramguard.io/original-cpu",
+              "vramguard.io/limits", "vramguard.io/injected"]
 
 # The API calls each component makes (the lead's design), and nothing else.
 OPERATOR_CALLS = {
@@ -50,7 +55,6 @@ OPERATOR_CALLS = {
     ("", "pods/resize", "patch"),
     ("", "pods/eviction", "create"),
     ("", "events", "create"), ("", "events", "patch"),
-    ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 } | {
@@ -65,7 +69,7 @@ OPERATOR_CALLS = {
     for v in ("patch", "update")
 } | {
     (g, r, v)
-    for g, r in (("", "nodes"), ("", "namespaces"), ("policy", "poddisruptionbudgets"))
+    for g, r in (("", "nodes"), ("", "namespaces"))
     for v in ("get", "list", "watch")
 }
 AGENT_CALLS = {
@@ -114,6 +118,7 @@ def test_default_render_has_every_component(default):
         "ClusterRoleBinding", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget",
         "Service", "Service", "DaemonSet", "Secret",
         "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])
     for o in default:
@@ -169,6 +174,8 @@ def test_agent_cannot(default, group, resource, verb):
     ("", "pods", "delete", False),       # evictions only, never a bare delete
     ("", "secrets", "get", False),
     ("", "nodes", "patch", False),
+    ("events.k8s.io", "events", "create", False),     # kopf and the actions post core/v1 Events
+    ("policy", "poddisruptionbudgets", "list", False),  # the Eviction API checks them, not us
     ("vramguard.io", "nodegpuusages", "patch", False),
     ("vramguard.io", "nodegpuusages/status", "patch", False),
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch", False),
@@ -277,8 +284,8 @@ def test_agent_as_root_stays_unprivileged():
 
 
 def test_node_restriction_policy_binds_the_agent(default):
-    vap = one(default, "ValidatingAdmissionPolicy")
-    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    vap = one(default, "ValidatingAdmissionPolicy", NODE_POLICY)
+    binding = one(default, "ValidatingAdmissionPolicyBinding", NODE_POLICY)
     assert vap["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
     spec = vap["spec"]
@@ -296,15 +303,52 @@ def test_node_restriction_policy_binds_the_agent(default):
 
 def test_node_restriction_follows_a_renamed_service_account():
     objs = render({"agent.serviceAccount.name": "gpu-agent"})
-    (cond,) = one(objs, "ValidatingAdmissionPolicy")["spec"]["matchConditions"]
+    (cond,) = one(objs, "ValidatingAdmissionPolicy", NODE_POLICY)["spec"]["matchConditions"]
     assert cond["expression"].endswith(f":{NAMESPACE}:gpu-agent'")
     assert pod_spec(one(objs, "DaemonSet"))["serviceAccountName"] == "gpu-agent"
 
 
 def test_agent_disabled_renders_no_agent_objects():
     objs = render({"agent.enabled": False})
-    assert not find(objs, "DaemonSet") and not find(objs, "ValidatingAdmissionPolicy")
+    assert not find(objs, "DaemonSet") and not find(objs, "ValidatingAdmissionPolicy", NODE_POLICY)
     assert "vramguard-agent" not in {o["metadata"]["name"] for o in objs}
+
+
+# --- the operator's state on pods ---------------------------------------------
+
+
+def test_pod_state_policy_lets_only_the_operator_write_its_annotations(default):
+    vap = one(default, "ValidatingAdmissionPolicy", STATE_POLICY)
+    binding = one(default, "ValidatingAdmissionPolicyBinding", STATE_POLICY)
+    assert vap["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"] == {"policyName": STATE_POLICY, "validationActions": ["Deny"]}
+    spec = vap["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    # pods/status too: a status update can change annotations as well
+    assert rule["apiGroups"] == [""] and set(rule["resources"]) == {"pods", "pods/status"}
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    conditions = {c["name"]: c["expression"] for c in spec["matchConditions"]}
+    assert conditions["not-the-operator"] == f"request.userInfo.username != '{OPERATOR_SA}'"
+    assert "'system:masters'" in conditions["not-a-cluster-admin"]
+    keys = next(v["expression"] for v in spec["variables"] if v["name"] == "keys")
+    assert keys == "[" + ", ".join(f"'{k}'" for k in STATE_KEYS) + "]"
+    (check,) = spec["validations"]
+    # on CREATE the mutating webhook's record (added before validation) is allowed
+    assert "request.operation == 'CREATE'" in check["expression"]
+    assert "k == 'vramguard.io/injected'" in check["expression"]
+    assert check["reason"] == "Forbidden"
+
+
+def test_pod_state_policy_follows_a_renamed_operator_and_can_be_turned_off():
+    objs = render({"operator.serviceAccount.name": "gpu-op", "operator.annotationGuard.adminGroups": []})
+    spec = one(objs, "ValidatingAdmissionPolicy", STATE_POLICY)["spec"]
+    conditions = {c["name"]: c["expression"] for c in spec["matchConditions"]}
+    assert conditions["not-the-operator"].endswith(f":{NAMESPACE}:gpu-op'")
+    assert "not-a-cluster-admin" not in conditions
+    objs = render({"operator.annotationGuard.enabled": False})
+    assert not find(objs, "ValidatingAdmissionPolicy", STATE_POLICY)
+    assert not find(objs, "ValidatingAdmissionPolicyBinding", STATE_POLICY)
 
 
 # --- the operator -----------------------------------------------------------

@@ -106,10 +106,46 @@ def test_pod_absent_from_a_complete_report_holds_no_vram():
     assert out.decisions == ()
 
 
-def test_report_from_the_future_counts_as_fresh():
+def test_report_from_the_future_within_the_bound_counts_as_fresh():
     b = budget(per_pod={"vram": "40Gi"})
     out = run([b], [pod("w0")], [report("node-a", at(5), {"w0": vram(41)})], at(0))
     assert [d.action for d in out.decisions] == ["Annotate"]
+    out = run([b], [pod("w0")], [report("node-a", at(60), {"w0": vram(41)})], at(0))
+    assert [d.action for d in out.decisions] == ["Annotate"]
+
+
+def test_report_further_in_the_future_than_the_bound_is_stale():
+    # clock skew beyond the freshness bound: the sample time cannot be trusted
+    b = budget(per_pod={"vram": "40Gi"})
+    out = run([b], [pod("w0")], [report("node-a", at(61), {"w0": vram(41)})], at(0))
+    assert out.decisions == ()
+    c = cond(out.statuses[0].status, "DataStale")
+    assert (c.status, c.reason) == ("True", "ReportStale") and "node-a" in c.message
+
+
+GPU0 = {"uuid": "GPU-0", "index": 0, "memory": {"totalBytes": 80 * GI, "reservedBytes": 0, "usableBytes": 80 * GI}}
+GPU1 = {**GPU0, "uuid": "GPU-1", "index": 1}
+INCOMPLETE = [
+    ("processes-incomplete", [GPU0, {**GPU1, "processesComplete": False}]),
+    ("device-lost", [GPU0, {**GPU1, "health": "Lost", "error": "GPU is lost"}]),
+    ("device-error", [{**GPU0, "health": "Error", "error": "NVML_ERROR_UNKNOWN"}]),
+]
+
+
+@pytest.mark.parametrize("devices", [c[1] for c in INCOMPLETE], ids=[c[0] for c in INCOMPLETE])
+def test_pod_absent_from_an_incomplete_report_is_unknown(devices):
+    # a device whose processes are not all known (or that cannot be read) may hold
+    # the absent pod's VRAM: no action on the total ...
+    b = budget(total={"vram": "60Gi"})
+    pods = [pod("w0"), pod("w1")]
+    out = run([b], pods, [report("node-a", at(0), {"w0": vram(61)}, devices=devices)], at(0))
+    assert out.decisions == ()
+    assert out.statuses[0].status.usage.vram_bytes == 61 * GI
+    # ... and no closing of the absent pod's open violation
+    b = budget(per_pod={"vram": "40Gi"})
+    _, budgets, pods = simulate([b], [pod("w1")], [(0, {"w1": vram(41)})])
+    out = run(budgets, pods, [report("node-a", at(60), {}, devices=devices)], at(60))
+    assert out.decisions == () and out.statuses[0].status.open_violations == 1
 
 
 def test_naive_now_is_rejected():

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
-from vramguard_operator.engine_types import DryRunStep, Evict, Throttle
+from vramguard_operator.engine_types import ANNOTATION_VIOLATIONS, DryRunStep, Evict, Throttle
 
 from .builders import GI, apply, at, budget, pod, report, run, simulate, steps, vram
 
@@ -174,3 +175,61 @@ def test_events_name_budget_value_limit_next_step_and_when():
     assert "Next: Throttle at 2024-05-01T10:05:00Z" in msg
     assert d.next_step == "Throttle" and d.next_step_time == at(300)
     assert not isinstance(d, DryRunStep)
+
+
+def test_total_evict_is_recorded_only_when_its_target_terminates():
+    b = budget(total={"vram": "50Gi"})
+    pods = [pod("w0"), pod("w1"), pod("w2")]
+    usage = {"w0": vram(20), "w1": vram(25), "w2": vram(10)}
+    _, budgets, pods = simulate([b], pods, [(t, usage) for t in range(0, 541, 60)])
+    # another pod terminates for its own reasons (a rollout) as the Evict comes due
+    pods = [replace(p, terminating=p.name == "w2") for p in pods]
+    usage = {"w0": vram(20), "w1": vram(35)}
+    out = run(budgets, pods, [report("node-a", at(600), usage)], at(600))
+    assert [(d.action, d.pod.name) for d in out.decisions] == [("Evict", "w1")]
+    (v,) = out.statuses[0].status.violations
+    assert v.step == "Throttle" and v.evict_target_uid == "uid-w1"
+    budgets, pods = apply(out, budgets, pods)
+    # the eviction was refused (429): w1 is still running, so Evict is retried, not recorded
+    pods = [replace(p, terminating=p.name == "w2") for p in pods]
+    out = run(budgets, pods, [report("node-a", at(660), usage)], at(660))
+    assert [(d.action, d.pod.name) for d in out.decisions] == [("Evict", "w1")]
+    budgets, pods = apply(out, budgets, pods)
+    # accepted: w1 terminates and the step is recorded; w0 is never evicted
+    out = run(budgets, pods, [report("node-a", at(720), {"w0": vram(55)})], at(720))
+    assert out.decisions == ()
+    (v,) = out.statuses[0].status.violations
+    assert (v.step, v.step_time) == ("Evict", at(720))
+
+
+def test_total_evict_counts_when_its_target_is_gone_and_survives_a_lost_status():
+    b = budget(total={"vram": "50Gi"})
+    usage = {"w0": vram(30), "w1": vram(31)}
+    events, budgets, pods = simulate([b], [pod("w0"), pod("w1")], [(t, usage) for t in range(0, 601, 60)])
+    assert steps(events)[-1] == (600, "Evict", "w1")
+    # the target pod is gone (its record with it): the status says whom it evicted
+    gone = [p for p in pods if p.name != "w1"]
+    out = run(budgets, gone, [report("node-a", at(660), {"w0": vram(51)})], at(660))
+    assert out.decisions == () and out.statuses[0].status.violations[0].step == "Evict"
+    # the status write was lost, but the terminating target's annotation says it
+    blank = [budgets[0].model_copy(update={"status": None})]
+    out = run(blank, pods, [report("node-a", at(660), {"w0": vram(51)})], at(660))
+    assert out.decisions == () and out.statuses[0].status.violations[0].step == "Evict"
+
+
+def test_total_evict_target_that_was_never_throttled_is_not_throttled_by_it():
+    # Throttle went to w1; when Evict comes due w0 is the largest: w0 is chosen for
+    # eviction, and its record says so without claiming that the total throttled it
+    b = budget(total={"vram": "50Gi"})
+    usage = {"w0": vram(20), "w1": vram(31)}
+    _, budgets, pods = simulate([b], [pod("w0"), pod("w1")], [(t, usage) for t in range(0, 541, 60)])
+    usage = {"w0": vram(40), "w1": vram(20)}
+    out = run(budgets, pods, [report("node-a", at(600), usage)], at(600))
+    assert [(d.action, d.pod.name) for d in out.decisions] == [("Evict", "w0")]
+    (patch,) = out.pod_patches
+    (entry,) = json.loads(patch.annotations[ANNOTATION_VIOLATIONS])
+    assert (entry["step"], entry["evictTargetUID"]) == ("Annotate", "uid-w0")
+    budgets, pods = apply(out, budgets, pods)
+    pods = [replace(p, terminating=False) for p in pods]  # refused (429)
+    out = run(budgets, pods, [report("node-a", at(660), usage)], at(660))
+    assert [(d.action, d.pod.name) for d in out.decisions] == [("Evict", "w0")]  # no Throttle on w0

@@ -9,8 +9,6 @@ from vramguard_operator.leak_rule import LeakThresholds, leak_cleared, leak_hold
 
 from .builders import GI, MI, budget, pod, simulate, steps, vram
 
-HAS_ONSET = "onset_seconds" in TrendFeatures.model_fields
-
 
 def trend(growth_mib_h: float, *, window_s: float = 3600, low: float | None = None) -> dict[str, Any]:
     """Trend features of a pod whose floor has grown ``growth_mib_h`` MiB/h over the window."""
@@ -22,8 +20,7 @@ def trend(growth_mib_h: float, *, window_s: float = 3600, low: float | None = No
         "growthLowBytesPerHour": (low if low is not None else growth_mib_h * 0.8) * MI,
         "floorRiseBytes": g * window_s / 3600,
     }
-    if HAS_ONSET:
-        f["onsetSeconds"] = window_s if growth_mib_h > 0 else None
+    f["onsetSeconds"] = window_s if growth_mib_h > 0 else None
     return f
 
 
@@ -115,3 +112,14 @@ def test_rule_functions():
     assert seconds_to_limit(15 * GI, 16 * GI, 1 * GI) == 3600
     assert seconds_to_limit(17 * GI, 16 * GI, 1 * GI) == 0
     assert seconds_to_limit(1, None, 1.0) is None and seconds_to_limit(1, 2, 0.0) is None
+
+
+def test_features_without_an_onset_are_no_leak():
+    # growth figures alone (no structural rise found by the agent) never make a leak,
+    # however steep: the decision is vramguard_api.leak.leak_from_trend's
+    th = LeakThresholds.of(budget(per_pod={"vram": "1Gi"}, leak=LEAK).spec.leak_detection)
+    features = {k: v for k, v in trend(5000, window_s=7200).items() if k != "onsetSeconds"}
+    assert leak_holds(TrendFeatures.model_validate(features), th) is False
+    b = budget(per_pod={"vram": "16Gi"}, leak=LEAK)
+    events, _, _ = simulate([b], [pod("w0")], [(0, {"w0": vram(8, trend=features)})])
+    assert events == []

@@ -74,3 +74,41 @@ def test_switching_to_dry_run_keeps_a_throttled_pod_until_recovery():
     assert steps(events) == [(60, "Evict", "w0"), (120, "Recover", "w0")]
     assert isinstance(events[0][1], DryRunStep)
     assert pods[0].containers[0].cpu_limit == "4" and pods[0].annotations == {}
+
+
+SWITCHES = [
+    # id, budget mode before, policy before (then: budget Enforce, default policy)
+    ("budget-dry-run-to-enforce", "DryRun", EffectivePolicy()),
+    ("policy-dry-run-to-enforce", "Enforce", EffectivePolicy(mode="DryRun")),
+    ("exempt-to-not-exempt", "Enforce", EffectivePolicy(exempt_namespaces=frozenset({"ml"}))),
+]
+
+
+@pytest.mark.parametrize(("mode", "policy"), [s[1:] for s in SWITCHES], ids=[s[0] for s in SWITCHES])
+def test_steps_that_only_would_have_fired_fire_once_the_budget_enforces(mode, policy):
+    events, budgets, pods = simulate(
+        [budget(per_pod={"vram": "40Gi"}, mode=mode)], [pod("w0")], TIMELINE, policy=policy
+    )
+    assert all(isinstance(d, DryRunStep) for _, d in events)
+    (v,) = budgets[0].status.violations
+    assert (v.step, v.dry_run) == ("Evict", True)  # reported as a step that only would have fired
+    enforcing = [budgets[0].model_copy(update={"spec": budget(per_pod={"vram": "40Gi"}).spec})]
+    later = [(t, {"w0": vram(41)}) for t in range(960, 1201, 60)]
+    events, budgets, pods = simulate(enforcing, pods, later)
+    # the due steps fire for real, one per evaluation
+    assert steps(events) == [(960, "Annotate", "w0"), (1020, "Throttle", "w0"), (1080, "Evict", "w0")]
+    assert not any(isinstance(d, DryRunStep) for _, d in events)
+    assert pods[0].terminating and pods[0].containers[0].cpu_limit == "100m"
+    (v,) = budgets[0].status.violations
+    assert (v.step, v.dry_run) == ("Evict", None)
+
+
+def test_real_steps_survive_a_dry_run_interlude():
+    b = budget(per_pod={"vram": "40Gi"})
+    events, budgets, pods = simulate([b], [pod("w0")], TIMELINE[:5])  # Annotate for real at 0
+    dry = EffectivePolicy(mode="DryRun")
+    events, budgets, pods = simulate(budgets, pods, TIMELINE[5:7], policy=dry)  # would throttle at 300
+    assert steps(events) == [(300, "Throttle", "w0")] and isinstance(events[0][1], DryRunStep)
+    events, budgets, pods = simulate(budgets, pods, TIMELINE[7:9])
+    # Annotate is not repeated; Throttle, which only would have fired, fires now
+    assert steps(events) == [(420, "Throttle", "w0")] and not isinstance(events[0][1], DryRunStep)

@@ -119,8 +119,15 @@ def test_throttle_plan():
     assert [(c.name, c.limit, c.request) for c in plan.resize] == [("main", "100m", "99m"), ("side", "100m", None)]
     assert plan.original == {"main": {"limit": "4", "request": "2"}, "side": {"limit": "1", "request": "50m"}}
     assert plan.impossible_reason is None
-    restore = plan_restore(plan.original)
+    throttled = PodFacts(
+        "ml", "p", "u", containers=(ContainerFacts("main", "100m", "99m"), ContainerFacts("side", "0.1", "50m"))
+    )
+    restore = plan_restore(plan.original, throttled, ["100m"])
     assert [(c.name, c.limit, c.request) for c in restore] == [("main", "4", "2"), ("side", "1", "50m")]
+    # only containers still at a target vramguard set are put back
+    raised = PodFacts("ml", "p", "u", containers=(ContainerFacts("main", "100m"), ContainerFacts("side", "2")))
+    assert [c.name for c in plan_restore(plan.original, raised, ["100m", "250m"])] == ["main"]
+    assert plan_restore(plan.original, throttled, []) == ()
 
 
 def test_throttle_plan_keeps_each_containers_qos_shape():
@@ -141,6 +148,11 @@ def test_throttle_plan_keeps_first_originals_and_explains_impossible():
     reason = plan_throttle(none, "100m", None).impossible_reason
     assert "a: no CPU limit" in reason and "b: resizePolicy cpu RestartContainer" in reason
     assert parse_original("not json") is None and parse_original('{"c": {"limit": 3}}') == {}
+    # entries that are not CPU quantities are never restored
+    assert parse_original('{"a": {"limit": "x"}, "b": {"limit": "2", "request": "-1"}}') == {
+        "b": {"limit": "2", "request": None}
+    }
+    assert parse_original("[" * 100_000) is None
 
 
 def test_pod_facts_from_api():

@@ -65,6 +65,40 @@ def test_an_unknown_namespace_matches_only_selector_free_policies():
     assert pols["x"].effective.mode == "Enforce" and pols["x"].scopes == ("",)
 
 
+def test_a_policy_that_cannot_be_evaluated_holds_every_namespace_in_dry_run_and_exempt():
+    audit = policy("audit", mode="DryRun", namespaceSelector={
+        "matchExpressions": [{"key": "audit", "operator": "In", "values": []}]})
+    pols = namespace_policies({"audit": audit, "all": policy("all")}, {"ml": {"audit": "on"}}, ["ml", "web"])
+    for ns in ("ml", "web"):
+        assert pols[ns].effective.mode == "DryRun"
+        assert pols[ns].effective.exempt_namespaces == frozenset({ns})
+    # a policy whose spec does not parse (pydantic) likewise
+    pols = namespace_policies({"all": policy("all")}, {}, ["ml"], invalid={"typo": "spec.mode: bad"})
+    assert pols["ml"].effective.mode == "DryRun"
+    assert pols["ml"].effective.exempt_namespaces == frozenset({"ml"})
+    # fixed: enforcement resumes
+    assert namespace_policies({"all": policy("all")}, {}, ["ml"])["ml"].effective.mode == "Enforce"
+
+
+def test_plan_holds_every_group_in_dry_run_while_a_policy_does_not_parse():
+    from vramguard_operator.indexes import policy_entry
+
+    snap = Snapshot()
+    snap.budgets["a"] = [entry(budget(ns="a", per_pod={"vram": "10Gi"}))]
+    snap.pods["a"] = [pod_entry_of(pod("w0", ns="a"))]
+    bad = policy_entry({"metadata": {"name": "typo", "uid": "u"},
+                        "spec": {"evictionRateLimit": {"perMinute": -1}}})
+    assert isinstance(bad.value, str)
+    snap.policies["typo"] = bad
+    assert snap.invalid_policies() == {"typo": bad.value}
+    work = plan(snap, NOW, EngineConfig())
+    (group,) = work.groups
+    assert group.policy.mode == "DryRun" and group.policy.exempt_namespaces == frozenset({"a"})
+    snap.policies.clear()
+    (group,) = plan(snap, NOW, EngineConfig()).groups
+    assert group.policy.mode == "Enforce"
+
+
 def entry(b):
     return Versioned(b.metadata.uid or "", "1", budget_entry(b.to_api()).value)
 

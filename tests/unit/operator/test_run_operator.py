@@ -40,3 +40,24 @@ def test_bad_values_name_the_flag(capsys):
         config_from_args(args)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", "-A", "-n", "ml"])
+
+
+@pytest.mark.parametrize(("var", "value", "flag"), [
+    ("VRAMGUARD_METRICS_PORT", "http", "--metrics-port"),
+    ("VRAMGUARD_METRICS_PORT", "70000", "--metrics-port"),
+    ("VRAMGUARD_EVICTION_RATE_PER_MINUTE", "2.5", "--eviction-rate-per-minute"),
+    ("VRAMGUARD_EVICTION_BURST", "lots", "--eviction-burst"),
+])
+def test_bad_environment_values_name_the_variable_not_a_traceback(monkeypatch, capsys, var, value, flag):
+    monkeypatch.setenv(var, value)
+    parser = build_parser()  # building the parser does not convert environment values
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["operator"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and var in err and repr(value) in err
+
+
+def test_a_flag_overrides_a_bad_environment_value(monkeypatch):
+    monkeypatch.setenv("VRAMGUARD_METRICS_PORT", "http")
+    assert build_parser().parse_args(["operator", "--metrics-port", "9091"]).metrics_port == 9091

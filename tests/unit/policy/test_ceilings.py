@@ -184,6 +184,18 @@ def test_throttled_jobs(mode: str, kind: str, step: str, ns: str, blocked: bool)
     assert bool(jobs) is blocked
 
 
+@pytest.mark.parametrize(("stale", "blocked"), [("True", False), ("False", True), (None, True)])
+def test_throttled_jobs_skip_budgets_whose_data_is_stale(stale: str | None, blocked: bool) -> None:
+    # No enforcement on stale data: new pods of the job are admitted while the
+    # usage behind the throttle is not known to be current.
+    status: dict[str, Any] = {"effectiveMode": "Enforce", "violations": [violation("TotalVRAM", "Throttle")]}
+    if stale is not None:
+        status["conditions"] = [{"type": "DataStale", "status": stale, "reason": "ReportStale",
+                                 "lastTransitionTime": T}]
+    b = budget({"total": {"vram": "40Gi"}}, status=status)
+    assert bool(throttled_jobs([b])) is blocked
+
+
 def test_validate_pod_rejects_only_the_jobs_pods() -> None:
     b = budget(
         {"total": {"vram": "40Gi"}},

@@ -54,9 +54,28 @@ def test_malformed_selector_names_the_policy() -> None:
     bad = policy("broken", namespaceSelector={"matchExpressions": [{"key": "k", "operator": "In"}]})
     with pytest.raises(ValueError, match="GPUMemoryPolicy broken: spec.namespaceSelector"):
         policy_applies(bad, "a", {})
-    # merge skips it instead of failing for the other policies
+    # merge skips it instead of failing for the other policies, and holds the
+    # namespace in DryRun: where it applies cannot be known (fail safe)
     merged = merge([bad, policy("ok")], "a", {})
     assert merged.policies == ("ok",)
+    assert merged.effective_mode == "DryRun" and merged.mode is not None
+    assert merged.mode.policy == "broken"
+    assert merged.invalid == ("GPUMemoryPolicy broken: spec.namespaceSelector.matchExpressions[0]: "
+                              "operator In needs values (key 'k')",)
+
+
+def test_a_broken_dry_run_policy_holds_every_namespace_in_dry_run() -> None:
+    # The audit policy meant for team=x has a selector with an empty In list; the
+    # namespaces it cannot be matched against must not fall back to Enforce.
+    audit = policy("audit", mode="DryRun", namespaceSelector={
+        "matchExpressions": [{"key": "team", "operator": "In", "values": []}]})
+    enforce = policy("all", mode="Enforce")
+    for ns, labels in (("ml", {"team": "x"}), ("web", {})):
+        assert merge([audit, enforce], ns, labels).effective_mode == "DryRun"
+    # A policy whose spec does not parse at all counts the same way.
+    merged = merge([enforce], "ml", {}, invalid={"typo": "GPUMemoryPolicy typo: spec.mode: bad"})
+    assert merged.effective_mode == "DryRun" and merged.invalid == ("GPUMemoryPolicy typo: spec.mode: bad",)
+    assert merge([enforce], "ml", {}).effective_mode == "Enforce" and merge([enforce], "ml", {}).invalid == ()
 
 
 def test_exemption_is_a_union_over_every_policy() -> None:
@@ -173,3 +192,11 @@ def test_policy_status_invalid_selector() -> None:
     st = policy_status(bad, [bad], {"ml": {}}, NOW)
     assert st.conditions and st.conditions[0].reason == "InvalidSpec"
     assert "takes no values" in st.conditions[0].message
+    assert "spec.namespaceSelector.matchExpressions[0]" in st.conditions[0].message
+    assert "held in DryRun" in st.conditions[0].message
+    # with no namespace to match (or only ones it exempts) it is still reported
+    for namespaces in ({}, {"ml": {}}):
+        lone = policy("bad", exemptNamespaces=["ml"], namespaceSelector={
+            "matchExpressions": [{"key": "k", "operator": "In", "values": []}]})
+        st = policy_status(lone, [lone], namespaces, NOW)
+        assert st.conditions and (st.conditions[0].status, st.conditions[0].reason) == ("False", "InvalidSpec")

@@ -130,7 +130,12 @@ def test_desired_statuses_only_where_they_differ() -> None:
     b = policy_body(policy("b", namespaceSelector={"matchLabels": {"t": "x"}}).to_api())
     broken = {"metadata": {"name": "broken"}, "spec": {"mode": "Sometimes"}}
     first = desired_statuses([a, b, broken], {"ml": {"t": "x"}, "web": {}}, NOW)
-    assert set(first) == {"a", "b"}
+    assert set(first) == {"a", "b", "broken"}
+    # a policy that does not parse is reported on itself, naming the field
+    (ready,) = first["broken"]["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    assert "spec.mode" in ready["message"] and "DryRun" in ready["message"]
+    assert first["broken"]["matchedNamespaces"] == 0
     assert first["a"]["namespaces"] == ["ml", "web"] and first["b"]["namespaces"] == ["ml"]
     # once written, nothing more to write
     a["status"], b["status"] = first["a"], first["b"]

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vramguard_api.cliargs import duration_arg as _duration
+from vramguard_api.cliargs import quantity_arg as _quantity
 from vramguard_api.units import parse_duration, quantity_to_bytes
 
 from .agent import DEFAULT_METRICS_ADDRESS, Agent, AgentConfig, build, kube_clients
@@ -39,26 +41,6 @@ def _env(name: str, default: Any) -> Any:
     return os.environ.get(name, default)
 
 
-def _duration(flag: str) -> Callable[[str], float]:
-    def parse(value: str) -> float:
-        try:
-            return parse_duration(value, field=flag)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return parse
-
-
-def _quantity(flag: str) -> Callable[[str], int]:
-    def parse(value: str) -> int:
-        try:
-            return quantity_to_bytes(value, field=flag)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return parse
-
-
 def _whole(flag: str, env: str, low: int) -> Callable[[str], int]:
     """An argparse type: a whole number >= ``low``. The error names the flag and
     its variable (argparse converts string defaults taken from the environment
@@ -70,9 +52,7 @@ def _whole(flag: str, env: str, low: int) -> Callable[[str], int]:
         except ValueError:
             number = None
         if number is None or number < low:
-            raise argparse.ArgumentTypeError(
-                f"want a whole number >= {low} ({flag} or env {env}), got {value!r}"
-            )
+            raise argparse.ArgumentTypeError(f"want a whole number >= {low} ({flag} or env {env}), got {value!r}")
         return number
 
     return parse
@@ -86,8 +66,7 @@ def _log_level(value: str) -> str:
     level = value.strip().upper()
     if level not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(
-            f"want one of {', '.join(LOG_LEVELS)} (--log-level or env VRAMGUARD_LOG_LEVEL), "
-            f"got {value!r}"
+            f"want one of {', '.join(LOG_LEVELS)} (--log-level or env VRAMGUARD_LOG_LEVEL), got {value!r}"
         )
     return level
 

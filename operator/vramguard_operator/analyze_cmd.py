@@ -15,18 +15,20 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from vramguard_api.cliargs import duration_arg as _duration
+from vramguard_api.cliargs import quantity_arg as _quantity
 from vramguard_api.leak import (
     DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
     DEFAULT_MIN_WINDOW_SECONDS,
     LeakResult,
     detect_leak,
 )
-from vramguard_api.units import format_bytes, parse_duration, quantity_to_bytes
+from vramguard_api.units import format_bytes
 
 EXIT_NO_LEAK, EXIT_LEAK, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -65,9 +67,7 @@ class Series:
             self.values[-1] = _nan_sum(self.values[-1], value)
             return
         if self.times and t < self.times[-1]:
-            raise LogError(
-                f"line {line}: time goes back ({t:g} s after {self.times[-1]:g} s at line {self.lines[-1]})"
-            )
+            raise LogError(f"line {line}: time goes back ({t:g} s after {self.times[-1]:g} s at line {self.lines[-1]})")
         self.times.append(t)
         self.values.append(value)
         self.lines.append(line)
@@ -75,18 +75,14 @@ class Series:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``vramguard analyze``."""
-    parser.add_argument(
-        "file", metavar="FILE", type=Path, help="memory log: t_seconds,bytes CSV or nvidia-smi CSV"
-    )
+    parser.add_argument("file", metavar="FILE", type=Path, help="memory log: t_seconds,bytes CSV or nvidia-smi CSV")
     parser.add_argument(
         "--limit",
         metavar="QUANTITY",
         type=_quantity("--limit"),
         help="project the time until this (e.g. 80Gi)",
     )
-    parser.add_argument(
-        "--pid", type=int, help="analyze only this process (nvidia-smi --query-compute-apps logs)"
-    )
+    parser.add_argument("--pid", type=int, help="analyze only this process (nvidia-smi --query-compute-apps logs)")
     parser.add_argument(
         "--min-growth",
         metavar="QUANTITY",
@@ -101,9 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MIN_WINDOW_SECONDS,
         help="shortest rise that counts as a leak (default 30m)",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object per series, one per line"
-    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object per series, one per line")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,11 +175,7 @@ def _rows(text: str) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of the non-blank, non-comment lines."""
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
-        if (
-            not stripped
-            or stripped.startswith("#")
-            or stripped.lower() == "no running processes found"
-        ):
+        if not stripped or stripped.startswith("#") or stripped.lower() == "no running processes found":
             continue
         yield number, [f.strip() for f in next(csv.reader([stripped], skipinitialspace=True))]
 
@@ -202,9 +192,7 @@ def _read_plain(rows: list[tuple[int, list[str]]], label: str) -> Series:
         if value < 0:
             raise LogError(f"line {line}: bytes must not be negative, got {fields[1]!r}")
         if series.times and t <= series.times[-1]:
-            raise LogError(
-                f"line {line}: t_seconds must increase, got {t:g} after {series.times[-1]:g}"
-            )
+            raise LogError(f"line {line}: t_seconds must increase, got {t:g} after {series.times[-1]:g}")
         series.add(t, value, line)
     if not series.times:
         raise LogError("no samples")
@@ -235,10 +223,7 @@ def _read_nvidia_smi(rows: list[tuple[int, list[str]]]) -> list[Series]:
                 f"line {line}: bad timestamp {fields[columns['timestamp']]!r} (want 2024/05/01 12:00:00.123)"
             )
         origin = origin or stamp
-        if (
-            loop_start is None
-            or not 0 <= (stamp - loop_start).total_seconds() <= _SAME_LOOP_SECONDS
-        ):
+        if loop_start is None or not 0 <= (stamp - loop_start).total_seconds() <= _SAME_LOOP_SECONDS:
             loop_start, ordinal = stamp, 0
         else:
             ordinal += 1
@@ -262,9 +247,7 @@ def _nvidia_smi_header(
         return ["timestamp", "memory.used [MiB]"], rows
     if len(first) == 4:
         return ["timestamp", "pid", "process_name", "used_gpu_memory [MiB]"], rows
-    raise LogError(
-        f"line {rows[0][0]}: nvidia-smi log without a header line and {len(first)} columns; keep the header"
-    )
+    raise LogError(f"line {rows[0][0]}: nvidia-smi log without a header line and {len(first)} columns; keep the header")
 
 
 def _column_name(header_field: str) -> str:
@@ -277,23 +260,17 @@ def _header_unit(header_field: str) -> int:
     return _UNIT_BYTES[match.group(1).upper()] if match else _UNIT_BYTES["MIB"]
 
 
-def _fit_fields(
-    fields: list[str], header: list[str], columns: dict[str, int], line: int
-) -> list[str]:
+def _fit_fields(fields: list[str], header: list[str], columns: dict[str, int], line: int) -> list[str]:
     """Match a row to the header; extra fields are commas inside the process name."""
     if len(fields) > len(header) and "process_name" in columns:
         i, extra = columns["process_name"], len(fields) - len(header)
         fields = fields[:i] + [",".join(fields[i : i + extra + 1])] + fields[i + extra + 1 :]
     if len(fields) != len(header):
-        raise LogError(
-            f"line {line}: expected {len(header)} fields ({', '.join(header)}), got {len(fields)}"
-        )
+        raise LogError(f"line {line}: expected {len(header)} fields ({', '.join(header)}), got {len(fields)}")
     return fields
 
 
-def _series_key(
-    fields: list[str], columns: dict[str, int], ordinal: int
-) -> tuple[tuple[str, ...], str, int | None]:
+def _series_key(fields: list[str], columns: dict[str, int], ordinal: int) -> tuple[tuple[str, ...], str, int | None]:
     """(key, label, pid) of the series a row belongs to."""
     gpu = next((f"{c} {fields[columns[c]]}" for c in _GPU_KEYS if c in columns), None)
     if "pid" in columns:
@@ -365,23 +342,3 @@ def _human_seconds(seconds: float) -> str:
     minutes = int(round(seconds / 60))
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
-
-
-def _quantity(option: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            return quantity_to_bytes(text, field=option)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return parse
-
-
-def _duration(option: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            return parse_duration(text, field=option)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return parse

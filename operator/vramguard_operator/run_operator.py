@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 
+from vramguard_api.cliargs import duration_arg as _duration
 from vramguard_api.policy import EvictionRateLimit
 from vramguard_api.units import parse_duration
 
@@ -21,16 +22,6 @@ from .reconcile import OperatorConfig
 log = logging.getLogger("vramguard.operator")
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
-
-
-def _duration(flag: str) -> Callable[[str], float]:
-    def parse(value: str) -> float:
-        try:
-            return parse_duration(value, field=flag)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return parse
 
 
 def _whole(flag: str, env: str, low: int = 0, high: int | None = None) -> Callable[[str], int]:
@@ -45,9 +36,7 @@ def _whole(flag: str, env: str, low: int = 0, high: int | None = None) -> Callab
             number = None
         if number is None or number < low or (high is not None and number > high):
             span = f">= {low}" if high is None else f"from {low} to {high}"
-            raise argparse.ArgumentTypeError(
-                f"want a whole number {span} ({flag} or env {env}), got {value!r}"
-            )
+            raise argparse.ArgumentTypeError(f"want a whole number {span} ({flag} or env {env}), got {value!r}")
         return number
 
     return parse
@@ -60,9 +49,7 @@ def _env(name: str, default: str) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``vramguard operator`` flags."""
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
-    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
     scope.add_argument(
         "-n",
         "--namespace",
@@ -94,18 +81,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="address the metrics server binds (env VRAMGUARD_METRICS_ADDRESS; default 0.0.0.0)",
     )
     for flag, env, default, text in (
-        ("--evaluation-period", "VRAMGUARD_EVALUATION_PERIOD", "5s",
-         "longest time between evaluations; escalation steps fire at most this late"),
-        ("--debounce", "VRAMGUARD_DEBOUNCE", "20ms",
-         "wait after a change so that a burst of events makes one evaluation"),
-        ("--freshness", "VRAMGUARD_FRESHNESS", "60s",
-         "node reports older than this are stale: no action on their pods"),
-        ("--eviction-retry", "VRAMGUARD_EVICTION_RETRY", "30s",
-         "wait before retrying an eviction a PodDisruptionBudget refused"),
-        ("--request-timeout", "VRAMGUARD_REQUEST_TIMEOUT", "10s",
-         "timeout of each API call the actions make"),
-        ("--watch-timeout", "VRAMGUARD_WATCH_TIMEOUT", "5m",
-         "server-side timeout of kopf's watches (they are re-established)"),
+        (
+            "--evaluation-period",
+            "VRAMGUARD_EVALUATION_PERIOD",
+            "5s",
+            "longest time between evaluations; escalation steps fire at most this late",
+        ),
+        (
+            "--debounce",
+            "VRAMGUARD_DEBOUNCE",
+            "20ms",
+            "wait after a change so that a burst of events makes one evaluation",
+        ),
+        (
+            "--freshness",
+            "VRAMGUARD_FRESHNESS",
+            "60s",
+            "node reports older than this are stale: no action on their pods",
+        ),
+        (
+            "--eviction-retry",
+            "VRAMGUARD_EVICTION_RETRY",
+            "30s",
+            "wait before retrying an eviction a PodDisruptionBudget refused",
+        ),
+        ("--request-timeout", "VRAMGUARD_REQUEST_TIMEOUT", "10s", "timeout of each API call the actions make"),
+        (
+            "--watch-timeout",
+            "VRAMGUARD_WATCH_TIMEOUT",
+            "5m",
+            "server-side timeout of kopf's watches (they are re-established)",
+        ),
     ):
         p.add_argument(
             flag,
@@ -124,8 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--eviction-burst",
         type=_whole("--eviction-burst", "VRAMGUARD_EVICTION_BURST"),
         default=_env("VRAMGUARD_EVICTION_BURST", "2"),
-        help="eviction burst where no GPUMemoryPolicy selects the namespace "
-        "(env VRAMGUARD_EVICTION_BURST; default 2)",
+        help="eviction burst where no GPUMemoryPolicy selects the namespace (env VRAMGUARD_EVICTION_BURST; default 2)",
     )
     p.add_argument(
         "--webhook-port",
@@ -163,9 +168,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         debounce=_seconds(args.debounce, "--debounce"),
         freshness=_seconds(args.freshness, "--freshness"),
         eviction_retry=_seconds(args.eviction_retry, "--eviction-retry"),
-        default_rate_limit=EvictionRateLimit(
-            perMinute=args.eviction_rate_per_minute, burst=args.eviction_burst
-        ),
+        default_rate_limit=EvictionRateLimit(perMinute=args.eviction_rate_per_minute, burst=args.eviction_burst),
         request_timeout=_seconds(args.request_timeout, "--request-timeout"),
     )
 

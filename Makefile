@@ -55,8 +55,11 @@ cluster: venv
 cluster-down:
 	hack/cluster/down.sh
 
-demo: cluster
-	$(PYTHON) -m vramguard_operator.demo
+# The runner starts (or reuses) the cluster itself, so that it can stop one it started.
+# DEMO_FLAGS: --keep (run until Ctrl-C, leave everything up), --short (the CI length).
+demo: venv
+	hack/cluster/build.sh
+	$(PYTHON) hack/demo/run.py $(DEMO_FLAGS)
 
 bench: venv
 	$(PYTHON) -m pytest -m benchmark -s tests

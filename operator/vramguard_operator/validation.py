@@ -110,7 +110,7 @@ def throttled_jobs(
         if any(c.type == C.DATA_STALE and c.status == "True" for c in st.conditions or ()):
             continue
         for v in st.violations or ():
-            if v.kind not in TOTAL_KINDS or v.step not in BLOCKING_STEPS:
+            if v.kind not in TOTAL_KINDS or v.step not in BLOCKING_STEPS or v.dry_run:  # a would-be step
                 continue
             try:
                 matcher = compile_selector(b.spec.selector)

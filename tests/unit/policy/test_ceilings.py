@@ -196,6 +196,13 @@ def test_throttled_jobs_skip_budgets_whose_data_is_stale(stale: str | None, bloc
     assert bool(throttled_jobs([b])) is blocked
 
 
+def test_throttled_jobs_ignore_steps_that_only_would_have_fired() -> None:
+    # A step recorded in DryRun (then the budget turned Enforce) never fired: the job is not throttled.
+    would = {**violation("TotalVRAM", "Throttle"), "dryRun": True}
+    b = budget({"total": {"vram": "40Gi"}}, status={"effectiveMode": "Enforce", "violations": [would]})
+    assert throttled_jobs([b]) == []
+
+
 def test_validate_pod_rejects_only_the_jobs_pods() -> None:
     b = budget(
         {"total": {"vram": "40Gi"}},

@@ -1,7 +1,8 @@
 """The ``vramguard`` command: ``operator``, ``analyze``, ``replay``, ``top``.
 
-Each subcommand lives in its own module, imported only when it runs, so that
-``vramguard analyze`` needs neither kopf nor a cluster.
+Each subcommand lives in its own module with ``add_arguments`` and ``run``;
+those modules import kopf only inside ``run``, so that ``vramguard analyze``
+and ``replay`` work without kopf or a cluster.
 """
 
 from __future__ import annotations
@@ -20,16 +21,13 @@ SUBCOMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser with every subcommand whose module is present."""
-    parser = argparse.ArgumentParser(prog="vramguard", description=__doc__.splitlines()[0])
+    """Build the argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="vramguard", description="GPU memory budgets for Kubernetes: the operator and its tools."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            continue
+        module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

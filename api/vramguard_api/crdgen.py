@@ -108,30 +108,33 @@ RESOURCES = [
 def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Turn one pydantic JSON Schema node into a structural OpenAPI v3 node.
 
-    Raises ``ValueError`` naming the construct when a schema cannot be made
-    structural (an untyped union, for example).
+    A ``$ref`` is inlined and an ``Optional`` union collapsed to its one type;
+    the node's own keywords (description, default) then apply over it. Raises
+    ``ValueError`` naming the construct when a schema cannot be made structural
+    (an untyped union, for example).
     """
     node = dict(schema)
+    base: dict[str, Any] = {}
     if "$ref" in node:
-        target = defs[node.pop("$ref").split("/")[-1]]
-        merged = {**structural(target, defs), **{k: v for k, v in node.items() if k != "title"}}
-        return structural_keywords(merged, defs)
-    if "anyOf" in node:
+        base = structural(defs[node.pop("$ref").split("/")[-1]], defs)
+    elif "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"cannot make a union structural: {options}")
-        merged = {**structural(options[0], defs), **node}
-        if merged.get("default", 0) is None:
-            merged.pop("default")
-        return structural_keywords(merged, defs)
-    return structural_keywords(node, defs)
+        base = structural(options[0], defs)
+    out = {**base, **structural_keywords(node, defs)}
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if out.get("type") == "object" and "properties" in out:
+        out.pop("additionalProperties", None)  # extra="forbid": the API server prunes unknown fields
+    return out
 
 
 def structural_keywords(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Recurse into properties/items and translate JSON Schema keywords to OpenAPI v3.0."""
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if key in _DROP:
+        if key in _DROP or (key == "default" and value is None):
             continue
         if key == "properties":
             out[key] = {name: structural(sub, defs) for name, sub in value.items()}
@@ -139,18 +142,12 @@ def structural_keywords(node: dict[str, Any], defs: dict[str, Any]) -> dict[str,
             out[key] = structural(value, defs)
         elif key == "const":
             out["enum"] = [value]
-        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
             # JSON Schema 2020-12 gives the bound; OpenAPI v3.0 wants minimum + a flag
             out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
             out[key] = True
-        elif key == "default" and value is None:
-            continue
         else:
             out[key] = value
-    if "enum" in out and "type" not in out:
-        out["type"] = "string"
-    if out.get("type") == "object" and "properties" in out:
-        out.pop("additionalProperties", None)  # extra="forbid": the API server prunes unknown fields
     return out
 
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .robust import median
 from .robust import theil_sen as theilslopes  # scipy.stats.theilslopes without scipy: see robust.py
 
 if TYPE_CHECKING:
@@ -254,7 +255,7 @@ def current_segment(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarra
     positive = v[v > 0]
     if positive.size == 0:
         return t[:0], v[:0]
-    zero = v <= max(ZERO_BYTES, ZERO_FRACTION * float(np.median(positive)))
+    zero = v <= max(ZERO_BYTES, ZERO_FRACTION * median(positive))
     start = 0
     for run_start, run_end in _runs(zero):
         if run_start == 0 or (run_end < t.size and _is_restart(t, v, zero, run_start, run_end)):
@@ -297,14 +298,17 @@ def floor_points(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     oldest block is dropped when it covers less than half a block, since its
     minimum over fewer samples would sit high.
     """
-    dt = float(np.median(np.diff(t))) if t.size > 1 else BLOCK_SECONDS
+    dt = median(np.diff(t)) if t.size > 1 else BLOCK_SECONDS
     width = max(BLOCK_SECONDS, MIN_BLOCK_SAMPLES * dt)
     block = np.floor((t[-1] - t) / width).astype(np.int64)
     starts = np.flatnonzero(np.diff(block, prepend=block[0] + 1))
-    if t[-1] - t[0] < (block[0] + 0.5) * width and starts.size > 1:
-        starts = starts[1:]
-    ends = np.append(starts[1:], t.size)
-    idx = np.array([s + int(np.argmin(v[s:e])) for s, e in zip(starts, ends, strict=True)])
+    # The first lowest sample of each block, without a Python loop over blocks
+    # (the agent computes this for every pod).
+    lengths = np.diff(np.append(starts, t.size))
+    hits = np.flatnonzero(v == np.repeat(np.minimum.reduceat(v, starts), lengths))
+    idx = hits[np.diff(block[hits], prepend=block[0] + 1) != 0]
+    if t[-1] - t[0] < (block[0] + 0.5) * width and idx.size > 1:
+        idx = idx[1:]
     return t[idx], v[idx]
 
 
@@ -322,8 +326,8 @@ def _misread(fv: np.ndarray) -> np.ndarray:
     if fv.size < 4:
         return out
     d2 = fv[1:-1] - (fv[:-2] + fv[2:]) / 2
-    scale = 1.4826 * float(np.median(np.abs(d2 - np.median(d2))))
-    threshold = OUTLIER_SIGMAS * max(scale, float(np.median(np.abs(d2))), MIB)
+    scale = 1.4826 * median(np.abs(d2 - median(d2)))
+    threshold = OUTLIER_SIGMAS * max(scale, median(np.abs(d2)), MIB)
     if abs(fv[0] - (2 * fv[1] - fv[2])) > 2 * threshold:
         out[0] = True
         out[1:] = _misread(fv[1:])
@@ -336,11 +340,15 @@ def _misread(fv: np.ndarray) -> np.ndarray:
 # --- rise -------------------------------------------------------------------------
 
 
-def fit_rise(st: np.ndarray, sv: np.ndarray) -> Rise | None:
-    """Fit the floor of one segment (``current_segment``'s output); None when too short."""
+def fit_rise(
+    st: np.ndarray, sv: np.ndarray, floor: tuple[np.ndarray, np.ndarray] | None = None
+) -> Rise | None:
+    """Fit the floor of one segment (``current_segment``'s output); None when too short.
+
+    ``floor`` is ``floor_points(st, sv)`` when the caller has it already."""
     if st.size < 3:
         return None
-    ft, fv = floor_points(st, sv)
+    ft, fv = floor if floor is not None else floor_points(st, sv)
     good = ~_misread(fv)
     ft, fv = ft[good], fv[good]
     if ft.size < 3:
@@ -368,13 +376,13 @@ def fit_rise(st: np.ndarray, sv: np.ndarray) -> Rise | None:
         rise_seconds=float(rise_seconds),
         structural=bool(structural),
         samples=int(st.size),
-        peak_bytes=float(np.median(np.sort(recent)[-3:])),
+        peak_bytes=median(np.sort(recent)[-3:]),
     )
 
 
 def _scatter(resid: np.ndarray) -> float:
     """Robust standard deviation (1.4826 × MAD), at least 1 MiB."""
-    return max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), MIB)
+    return max(1.4826 * median(np.abs(resid - median(resid))), MIB)
 
 
 def _onset_index(ft: np.ndarray, fv: np.ndarray) -> int:
@@ -454,7 +462,7 @@ def _longest_excursion(ft: np.ndarray, fv: np.ndarray) -> float:
     if fv.size < 3:
         return 0.0
     d = np.diff(fv)
-    noise = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2)
+    noise = 1.4826 * median(np.abs(d - median(d))) / np.sqrt(2)
     tol, clear = max(noise, MIB), max(4 * noise, 32 * MIB)
     later = np.triu(np.ones((fv.size, fv.size), dtype=bool), 1)
     back = later & (fv[None, :] <= fv[:, None] + tol)

@@ -94,7 +94,8 @@ def compute_trend(times_s: Samples, values_bytes: Samples) -> TrendFeatures:
     if t.size < 3 or window <= 0:
         return TrendFeatures(windowSeconds=window, samples=n)
     st, sv = current_segment(t, v)
-    rise = fit_rise(st, sv)
+    floor = floor_points(st, sv) if st.size >= 3 else None
+    rise = fit_rise(st, sv, floor)
     if rise is None:
         return TrendFeatures(windowSeconds=window, samples=n, leak=False)
     return TrendFeatures(
@@ -102,7 +103,7 @@ def compute_trend(times_s: Samples, values_bytes: Samples) -> TrendFeatures:
         samples=n,
         growthBytesPerHour=rise.growth_bytes_per_hour,
         growthLowBytesPerHour=rise.growth_low_bytes_per_hour,
-        floorRiseBytes=_floor_rise(st, sv),
+        floorRiseBytes=_floor_rise(*floor) if floor is not None else None,
         riseSeconds=rise.rise_seconds if rise.structural else None,
         onsetSeconds=rise.end_t_seconds - rise.onset_t_seconds if rise.structural else None,
         leak=is_leak(
@@ -115,8 +116,7 @@ def compute_trend(times_s: Samples, values_bytes: Samples) -> TrendFeatures:
     )
 
 
-def _floor_rise(st: np.ndarray, sv: np.ndarray) -> float:
+def _floor_rise(ft: np.ndarray, fv: np.ndarray) -> float:
     """Lowest floor point in the last quarter of the segment less the lowest in the first."""
-    ft, fv = floor_points(st, sv)
     quarter = (ft[-1] - ft[0]) / 4
     return float(fv[ft >= ft[-1] - quarter].min() - fv[ft <= ft[0] + quarter].min())

@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from vramguard_api.usage import NodeGPUUsageStatus
-
 from .gpu import GPUBackend
 from .history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S, HistoryStore
-from .memory import CgroupMemoryReader
+from .memory import DEFAULT_REFRESH_S, CgroupMemoryReader
 from .metrics import AgentMetrics, Health, Snapshot, serve
 from .pods import PodIndex, PodMeta, PodWatcher
-from .publish import PublishPolicy, decide
+from .publish import Digest, PublishPolicy, decide, digest
 from .reporter import Reporter
 from .sampler import Sampler, SampleResult
 
@@ -49,6 +47,7 @@ class AgentConfig:
     history_window_s: float = DEFAULT_WINDOW_S
     history_points: int = DEFAULT_MAX_POINTS
     trend_interval_s: float = DEFAULT_TREND_INTERVAL_S
+    ram_interval_s: float = DEFAULT_REFRESH_S
     metrics_address: str | None = DEFAULT_METRICS_ADDRESS
     kubeconfig: str | None = None
     sim_offset_s: float = 0.0
@@ -117,7 +116,7 @@ def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False
     sampler = Sampler(
         backend,
         proc_root=proc_root,
-        memory=CgroupMemoryReader(cgroup_root),
+        memory=CgroupMemoryReader(cgroup_root, refresh_s=cfg.ram_interval_s),
         history=HistoryStore(cfg.history_window_s, cfg.history_points, cfg.trend_interval_s),
         pods=pods,
         container_names=names,
@@ -171,7 +170,7 @@ class Agent:
             stale_after_s=max(60.0, 3 * cfg.sample_interval_s),
             pods_synced=(index.synced.is_set if index is not None else (lambda: True)),
         )
-        self.last_written: NodeGPUUsageStatus | None = None
+        self.last_written: Digest | None = None
         self.last_written_at: float | None = None
 
     def step(self) -> SampleResult | None:
@@ -187,22 +186,29 @@ class Agent:
         self.metrics.sample_seconds.observe(time.perf_counter() - started)
         self.metrics.samples.labels("ok" if result.backend_error is None else "backend-unavailable").inc()
         self.metrics.last_sample.set(time.time())
-        self.metrics.update(Snapshot(self.cfg.node_name, result.status, result.container_devices))
+        self.metrics.update(Snapshot(self.cfg.node_name, result.report, result.container_devices))
         self.health.sampled = True
-        self._publish(result.status)
+        self._publish(result)
         return result
 
-    def _publish(self, status: NodeGPUUsageStatus) -> None:
+    def _publish(self, result: SampleResult) -> None:
         reporter = self.parts.reporter
         if reporter is None:
             return
         now = self.clock()
-        decision = decide(self.last_written, self.last_written_at, status, now, self.cfg.policy)
+        current = digest(result.report)
+        decision = decide(self.last_written, self.last_written_at, current, now, self.cfg.policy)
         if not decision.write:
+            return
+        try:
+            status = result.status
+        except Exception:  # noqa: BLE001 - a report the API model refuses is a bug: log it, keep sampling
+            log.exception("report not written: the API model refused it")
+            self.metrics.writes.labels("error").inc()
             return
         if reporter.publish(status):
             log.debug("report written: %s", decision.reason)
-            self.last_written, self.last_written_at = status, now
+            self.last_written, self.last_written_at = current, now
             self.metrics.writes.labels("ok").inc()
             self.metrics.last_write.set(time.time())
         else:

@@ -26,6 +26,7 @@ from vramguard_api.units import parse_duration, quantity_to_bytes
 from .agent import DEFAULT_METRICS_ADDRESS, Agent, AgentConfig, build, kube_clients
 from .cgroups import attribute_pid
 from .history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S
+from .memory import DEFAULT_REFRESH_S
 from .publish import (
     DEFAULT_DEADBAND_BYTES,
     DEFAULT_DEADBAND_FRACTION,
@@ -142,6 +143,13 @@ def _sampling_flags(p: argparse.ArgumentParser, kubeconfig_env: bool) -> None:
         help="how often trend features are recomputed (env VRAMGUARD_TREND_INTERVAL; default 5m)",
     )
     p.add_argument(
+        "--ram-interval",
+        type=_duration("--ram-interval"),
+        default=_env("VRAMGUARD_RAM_INTERVAL", f"{int(DEFAULT_REFRESH_S)}s"),
+        help="how often a pod's RAM and OOM kills are re-read from the cgroup files; 0s: every sample "
+        "(env VRAMGUARD_RAM_INTERVAL; default 30s)",
+    )
+    p.add_argument(
         "--sim-offset",
         type=_duration("--sim-offset"),
         default=_env("VRAMGUARD_SIM_OFFSET", "0s"),
@@ -190,6 +198,7 @@ def _config(args: argparse.Namespace, policy: PublishPolicy | None = None) -> Ag
         history_window_s=seconds(args.history_window, "--history-window"),
         history_points=args.history_points,
         trend_interval_s=seconds(args.trend_interval, "--trend-interval"),
+        ram_interval_s=seconds(args.ram_interval, "--ram-interval"),
         metrics_address=getattr(args, "metrics_address", None) or None,
         kubeconfig=args.kubeconfig,
         sim_offset_s=seconds(args.sim_offset, "--sim-offset"),

@@ -12,6 +12,12 @@ Pod and container cgroups are found by scanning the memory hierarchy for the
 kubelet's directory names (the same names ``cgroups.parse_cgroup_path``
 recognises), which also covers kind's nesting and paths that a cgroup namespace
 hides.
+
+A pod's files are re-read every ``refresh_s`` seconds (default 30 s, the
+report's heartbeat), not on every sample: they are most of a sample's cost on a
+busy node (three small files per cgroup). Pods' refreshes are spread over the
+interval, so each sample reads about the same share of them; a pod read for the
+first time, or with a container not read yet, is read at once.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import zlib
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +36,7 @@ from .cgroups import parse_cgroup_path
 CgroupVersion = Literal[1, 2]
 MAX_SCAN_DEPTH = 8
 RESCAN_MIN_INTERVAL_S = 5.0
+DEFAULT_REFRESH_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,19 +84,25 @@ class CgroupMemoryReader:
     ``read(pods)`` returns a ``PodMemory`` for each pod whose cgroup was found.
     The hierarchy is rescanned when a wanted pod or container is missing from the
     index, at most every ``RESCAN_MIN_INTERVAL_S`` seconds (``clock`` in seconds).
+    A pod's reading is kept for ``refresh_s`` seconds (0: read every time).
     """
 
     def __init__(
         self,
         cgroup_root: str | Path = "/sys/fs/cgroup",
         clock: Callable[[], float] = time.monotonic,
+        refresh_s: float = DEFAULT_REFRESH_S,
     ) -> None:
+        if refresh_s < 0:
+            raise ValueError(f"RAM refresh interval must be >= 0 seconds, got {refresh_s}")
         self.root = Path(cgroup_root)
+        self.refresh_s = refresh_s
         self._clock = clock
         self._version: CgroupVersion | None = None
         self._index: dict[str, PodCgroup] = {}
         self._last_scan: float | None = None
         self._oom: dict[str, int | None] = {}
+        self._readings: dict[str, tuple[float, PodMemory]] = {}
 
     @property
     def version(self) -> CgroupVersion | None:
@@ -100,27 +114,44 @@ class CgroupMemoryReader:
     def _hierarchy(self) -> Path:
         return self.root / "memory" if self.version == 1 else self.root
 
-    def read(self, pods: Mapping[str, Set[str]]) -> dict[str, PodMemory]:
+    def read(self, pods: Mapping[str, Set[str]], now: float | None = None) -> dict[str, PodMemory]:
         """RAM of the pods in ``pods`` (pod uid → container ids expected in it).
 
         Pods without a cgroup are left out; containers without one are absent
-        from ``PodMemory.containers``.
+        from ``PodMemory.containers``. ``now`` (seconds; default the clock) ages
+        the kept readings: a reading younger than ``refresh_s`` is returned again.
         """
         if self.version is None or not pods:
+            self._readings = {}
             return {}
         index = self._index
         missing = any(uid not in index or not ids <= index[uid].containers.keys() for uid, ids in pods.items())
-        now = self._clock()
-        if self._last_scan is None or (missing and now - self._last_scan >= RESCAN_MIN_INTERVAL_S):
+        clock = self._clock()
+        if self._last_scan is None or (missing and clock - self._last_scan >= RESCAN_MIN_INTERVAL_S):
             self._index = self.scan()
-            self._last_scan = now
+            self._last_scan = clock
             self._oom = {}
-        result: dict[str, PodMemory] = {}
+        when = now if now is not None else clock
+        readings: dict[str, tuple[float, PodMemory]] = {}
         for uid in pods:
             cgroup = self._index.get(uid)
             if cgroup is not None:
-                result[uid] = self._read_pod(cgroup)
-        return result
+                readings[uid] = self._reading(uid, cgroup, when)
+        self._readings = readings  # pods no longer wanted are forgotten
+        return {uid: memory for uid, (_, memory) in readings.items()}
+
+    def _reading(self, uid: str, cgroup: PodCgroup, when: float) -> tuple[float, PodMemory]:
+        """The pod's kept (time, reading), or a new one when it is due."""
+        kept = self._readings.get(uid)
+        if (
+            kept is not None
+            and when - kept[0] < self.refresh_s
+            and kept[1].containers.keys() == cgroup.containers.keys()
+        ):
+            return kept
+        # A first reading is back-dated by a per-pod share of the interval: pods found together refresh apart.
+        spread = (zlib.crc32(uid.encode()) % 1000) / 1000 * self.refresh_s if kept is None else 0.0
+        return when - spread, self._read_pod(cgroup)
 
     def scan(self) -> dict[str, PodCgroup]:
         """Index every kubelet pod cgroup under the memory hierarchy, by pod uid."""

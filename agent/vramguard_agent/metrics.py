@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NamedTuple
 
@@ -24,6 +24,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from vramguard_api.usage import GPUDevice, NodeGPUUsageStatus
+
+from .report import NodeReport
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +48,13 @@ class ContainerDeviceUsage(NamedTuple):
 
 @dataclass(slots=True)
 class Snapshot:
-    """What the collector exports: the latest status and per-container device usage."""
+    """What the collector exports: the latest report (plain or the API model:
+    they share attribute names) and a function listing per-container device
+    usage, called at scrape time."""
 
     node: str
-    status: NodeGPUUsageStatus | None = None
-    container_devices: list[ContainerDeviceUsage] = field(default_factory=list)
+    status: NodeReport | NodeGPUUsageStatus | None = None
+    container_devices: Callable[[], Iterable[ContainerDeviceUsage]] = list
 
 
 class UsageCollector:
@@ -142,7 +146,7 @@ def _device_families(snap: Snapshot) -> Iterator[Metric]:
         "A container's GPU memory on one device.",
         [*DEVICE_LABELS, "namespace", "pod", "container"],
     )
-    for c in snap.container_devices:
+    for c in snap.container_devices():
         device = by_uuid.get(c.device_uuid)
         if device is not None:
             container_family.add_metric(

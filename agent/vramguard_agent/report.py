@@ -22,6 +22,13 @@ Formulas (documented in docs/agent.md):
   listed on it now when the listing is partial, and every GPU pod without a
   process elsewhere. A device that vanishes from NVML's enumeration altogether
   is not covered (NVML keeps a lost GPU's index, so it is reported Lost).
+
+``build_report`` returns a ``NodeReport``: the status in plain objects whose
+attributes have the API model's names. It is what every sample builds, what
+the publish decision and the metrics read; ``NodeReport.to_status()`` turns it
+into the pydantic ``NodeGPUUsageStatus`` (validated) only when a report is
+written or printed, since building ~1,400 models per sample on a busy node
+would cost more CPU than the rest of the sample.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from vramguard_api import conditions as C
 from vramguard_api.meta import Condition
@@ -46,6 +54,7 @@ from vramguard_api.usage import (
     PodUsage,
     UnattributedProcess,
 )
+from vramguard_api.usage import Attribution as PodAttribution
 
 from .cgroups import Attribution, NotInPod
 from .gpu import DeviceSample, GPUSample
@@ -222,6 +231,7 @@ def _aggregate_device(
             f"process sum {known} B is far below used {memory.used} B minus reserved {memory.reserved or 0} B"
         )
     result.complete[uuid] = complete
+    pods, seen = result.pods, result.seen.get(uuid)
     for process in device.processes:
         found = attributions.get(process.pid)
         if found is None:
@@ -236,12 +246,12 @@ def _aggregate_device(
                 )
             )
             continue
-        pod = result.pods.get(found.pod_uid)
+        pod = pods.get(found.pod_uid)
         if pod is None:
-            pod = result.pods[found.pod_uid] = PodVRAM(cgroup_uid=found.pod_uid, qos=found.qos)
+            pod = pods[found.pod_uid] = PodVRAM(cgroup_uid=found.pod_uid, qos=found.qos)
         pod.add(uuid, found.container_id, process.used_bytes)
-        if uuid in result.seen:
-            result.seen[uuid].add(found.pod_uid)
+        if seen is not None:
+            seen.add(found.pod_uid)
 
 
 # --- status ----------------------------------------------------------------
@@ -300,36 +310,71 @@ class PodInputs:
     container_names: Mapping[str, str] = field(default_factory=dict)
 
 
-def build_pods(agg: Aggregation, inputs: PodInputs) -> list[PodUsage]:
-    """One ``PodUsage`` per attributed pod and per idle GPU pod (unbounded; see ``bound``)."""
-    entries: list[PodUsage] = []
+class DeviceEntry(NamedTuple):
+    """A pod's VRAM on one device (``DeviceUsage`` in the API), bytes; None: unknown."""
+
+    uuid: str
+    used_bytes: int | None
+
+
+@dataclass(slots=True)
+class ContainerEntry:
+    """One container of a report (``ContainerUsage`` in the API; same attribute names)."""
+
+    container_id: str
+    name: str | None = None
+    vram_bytes: int | None = None
+    ram_working_set_bytes: int | None = None
+    oom_kills: int | None = None
+
+
+@dataclass(slots=True)
+class PodEntry:
+    """One pod of a report (``PodUsage`` in the API; same attribute names)."""
+
+    uid: str
+    namespace: str | None = None
+    name: str | None = None
+    qos_class: str | None = None
+    attribution: PodAttribution = "Measured"
+    vram_bytes: int | None = None
+    ram_working_set_bytes: int | None = None
+    oom_kills: int | None = None
+    devices: list[DeviceEntry] = field(default_factory=list)
+    containers: list[ContainerEntry] = field(default_factory=list)
+    trend: TrendFeatures | None = None
+
+
+def build_pods(agg: Aggregation, inputs: PodInputs) -> list[PodEntry]:
+    """One entry per attributed pod and per idle GPU pod (unbounded; see ``bound``)."""
+    entries: list[PodEntry] = []
     idle = [uid for uid in dict.fromkeys(inputs.gpu_pods) if uid not in agg.pods]
     for uid in [*agg.pods, *idle]:
         entries.append(_pod(uid, agg.pods.get(uid), agg.listing_failed, inputs))
     return entries
 
 
-def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs) -> PodUsage:
+def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs) -> PodEntry:
     meta = inputs.pods.get(uid)
     ram = inputs.memory.get(uid)
     if vram is None:
         # A GPU pod with no process: zero, unless some device could not be listed.
         total: int | None = None if listing_failed else 0
-        devices: list[DeviceUsage] = []
+        devices: list[DeviceEntry] = []
     else:
         total = vram.total
-        devices = [DeviceUsage(uuid=u, usedBytes=b) for u, b in vram.devices.items()]
+        devices = [DeviceEntry(u, b) for u, b in vram.devices.items()]
     containers = _containers(vram, ram, meta, inputs.container_names, total is None)
     qos = (meta.qos_class if meta else None) or (vram.qos if vram else None)
-    return PodUsage(
+    return PodEntry(
         uid=meta.uid if meta else uid,
         namespace=meta.namespace if meta else None,
         name=meta.name if meta else None,
-        qosClass=qos,
+        qos_class=qos,
         attribution="Unknown" if total is None else "Measured",
-        vramBytes=total,
-        ramWorkingSetBytes=ram.pod.working_set_bytes if ram else None,
-        oomKills=ram.pod.oom_kills if ram else None,
+        vram_bytes=total,
+        ram_working_set_bytes=ram.pod.working_set_bytes if ram else None,
+        oom_kills=ram.pod.oom_kills if ram else None,
         devices=devices,
         containers=containers,
         trend=inputs.trends.get(uid),
@@ -342,7 +387,7 @@ def _containers(
     meta: PodMeta | None,
     extra_names: Mapping[str, str],
     pod_unknown: bool,
-) -> list[ContainerUsage]:
+) -> list[ContainerEntry]:
     by_device = vram.containers if vram else {}
     ram_by_id: Mapping[str, CgroupMemory] = ram.containers if ram else {}
     names = meta.containers if meta else {}
@@ -352,18 +397,18 @@ def _containers(
         vram_bytes = _sum(devices.values()) if devices else (None if pod_unknown else 0)
         memory = ram_by_id.get(cid)
         result.append(
-            ContainerUsage(
+            ContainerEntry(
+                container_id=cid,
                 name=names.get(cid) or extra_names.get(cid),
-                containerID=cid,
-                vramBytes=vram_bytes,
-                ramWorkingSetBytes=memory.working_set_bytes if memory else None,
-                oomKills=memory.oom_kills if memory else None,
+                vram_bytes=vram_bytes,
+                ram_working_set_bytes=memory.working_set_bytes if memory else None,
+                oom_kills=memory.oom_kills if memory else None,
             )
         )
     return result
 
 
-def _usage_key(pod: PodUsage) -> tuple[int, int, int]:
+def _usage_key(pod: PodEntry) -> tuple[int, int, int]:
     # Unknown VRAM first (never hide what cannot be measured), then by VRAM, then RAM.
     return (
         0 if pod.vram_bytes is None else 1,
@@ -373,11 +418,11 @@ def _usage_key(pod: PodUsage) -> tuple[int, int, int]:
 
 
 def bound(
-    pods: list[PodUsage],
+    pods: list[PodEntry],
     unattributed: list[UnattributedProcess],
     devices: list[GPUDevice],
     bounds: Bounds,
-) -> tuple[list[PodUsage], list[UnattributedProcess], list[GPUDevice], bool]:
+) -> tuple[list[PodEntry], list[UnattributedProcess], list[GPUDevice], bool]:
     """Cut the lists to their bounds, keeping the largest users; sort them stably.
 
     Returns the lists and whether anything was cut.
@@ -452,6 +497,89 @@ def _condition(kind: str, status: str, reason: str, message: str, now: datetime,
     )
 
 
+@dataclass(slots=True)
+class NodeReport:
+    """A node's report in plain objects: ``NodeGPUUsageStatus``'s fields and
+    attribute names, with pods as ``PodEntry`` (devices and conditions are the
+    API models already: they are few)."""
+
+    sample_time: datetime
+    agent: AgentInfo
+    conditions: list[Condition]
+    devices: list[GPUDevice]
+    pods: list[PodEntry]
+    unattributed: list[UnattributedProcess]
+    truncated: bool
+    _status: NodeGPUUsageStatus | None = None
+
+    def to_status(self) -> NodeGPUUsageStatus:
+        """The API model of this report, built (and validated) on first call.
+
+        Raises ``pydantic.ValidationError`` if an entry breaks the API's
+        bounds (``bound`` keeps them, so that is a bug)."""
+        if self._status is None:
+            self._status = NodeGPUUsageStatus(
+                sampleTime=self.sample_time,
+                agent=self.agent,
+                conditions=self.conditions,
+                devices=self.devices,
+                pods=[_pod_usage(p) for p in self.pods],
+                unattributed=self.unattributed,
+                truncated=self.truncated,
+            )
+        return self._status
+
+
+def _pod_usage(p: PodEntry) -> PodUsage:
+    return PodUsage(
+        uid=p.uid,
+        namespace=p.namespace,
+        name=p.name,
+        qosClass=p.qos_class,
+        attribution=p.attribution,
+        vramBytes=p.vram_bytes,
+        ramWorkingSetBytes=p.ram_working_set_bytes,
+        oomKills=p.oom_kills,
+        devices=[DeviceUsage(uuid=d.uuid, usedBytes=d.used_bytes) for d in p.devices],
+        containers=[
+            ContainerUsage(
+                name=c.name,
+                containerID=c.container_id,
+                vramBytes=c.vram_bytes,
+                ramWorkingSetBytes=c.ram_working_set_bytes,
+                oomKills=c.oom_kills,
+            )
+            for c in p.containers
+        ],
+        trend=p.trend,
+    )
+
+
+def build_report(
+    sample: GPUSample | None,
+    backend_error: str | None,
+    agg: Aggregation,
+    inputs: PodInputs,
+    agent: AgentInfo,
+    now: datetime,
+    previous_conditions: Iterable[Condition] | None = None,
+    bounds: Bounds = DEFAULT_BOUNDS,
+) -> NodeReport:
+    """The node's report for one sample (see the module docstring)."""
+    pods, unattributed, devices, truncated = bound(
+        build_pods(agg, inputs), list(agg.unattributed), build_devices(sample, agg), bounds
+    )
+    return NodeReport(
+        sample_time=now,
+        agent=agent,
+        conditions=build_conditions(sample, backend_error, agg, now, previous_conditions),
+        devices=devices,
+        pods=pods,
+        unattributed=unattributed,
+        truncated=truncated,
+    )
+
+
 def build_status(
     sample: GPUSample | None,
     backend_error: str | None,
@@ -462,16 +590,5 @@ def build_status(
     previous_conditions: Iterable[Condition] | None = None,
     bounds: Bounds = DEFAULT_BOUNDS,
 ) -> NodeGPUUsageStatus:
-    """The node's report for one sample (see the module docstring)."""
-    pods, unattributed, devices, truncated = bound(
-        build_pods(agg, inputs), list(agg.unattributed), build_devices(sample, agg), bounds
-    )
-    return NodeGPUUsageStatus(
-        sampleTime=now,
-        agent=agent,
-        conditions=build_conditions(sample, backend_error, agg, now, previous_conditions),
-        devices=devices,
-        pods=pods,
-        unattributed=unattributed,
-        truncated=truncated,
-    )
+    """``build_report(...).to_status()``: the API model of one sample's report."""
+    return build_report(sample, backend_error, agg, inputs, agent, now, previous_conditions, bounds).to_status()

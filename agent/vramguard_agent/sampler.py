@@ -10,10 +10,11 @@ so a steady node reads /proc only for new processes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,18 +28,26 @@ from .history import HistoryStore
 from .memory import CgroupMemoryReader
 from .metrics import ContainerDeviceUsage
 from .pods import PodMeta
-from .report import DEFAULT_BOUNDS, Aggregation, Bounds, PodInputs, aggregate, build_status
+from .report import DEFAULT_BOUNDS, Aggregation, Bounds, NodeReport, PodInputs, aggregate, build_report
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class SampleResult:
-    """A sample's report, plus what the metrics need beyond it."""
+    """A sample's report, plus what the metrics need beyond it.
 
-    status: NodeGPUUsageStatus
-    container_devices: list[ContainerDeviceUsage] = field(default_factory=list)
+    ``container_devices`` lists each container's VRAM per device (bytes) for the
+    metrics; it is computed when called (at scrape time, not every sample)."""
+
+    report: NodeReport
+    container_devices: Callable[[], list[ContainerDeviceUsage]] = list
     backend_error: str | None = None
+
+    @property
+    def status(self) -> NodeGPUUsageStatus:
+        """The report as the API model (built on first use, then kept)."""
+        return self.report.to_status()
 
 
 class Sampler:
@@ -102,7 +111,7 @@ class Sampler:
         wanted: dict[str, set[str]] = {uid: set() for uid in gpu_pods}
         for uid, vram in agg.pods.items():
             wanted.setdefault(uid, set()).update(vram.containers)
-        memory = self.memory.read(wanted)
+        memory = self.memory.read(wanted, now=history_s)  # a simulation refreshes RAM in scenario time
         # A GPU pod without a process holds 0 (kept: the leak detector reads zeros as restarts).
         idle = None if agg.listing_failed else 0
         vram_now = {uid: idle for uid in gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
@@ -121,9 +130,9 @@ class Sampler:
             sampleIntervalSeconds=self.sample_interval_s,
             driverVersion=gpu.driver_version if gpu else None,
         )
-        status = build_status(gpu, error, agg, inputs, agent, now, self._conditions, self.bounds)
-        self._conditions = status.conditions
-        return SampleResult(status, container_devices(agg, pods, names), error)
+        report = build_report(gpu, error, agg, inputs, agent, now, self._conditions, self.bounds)
+        self._conditions = report.conditions
+        return SampleResult(report, functools.partial(container_devices, agg, pods, names), error)
 
     def _gpu(self) -> tuple[GPUSample | None, str | None]:
         try:

@@ -123,6 +123,26 @@ def test_a_failing_sample_does_not_stop_the_loop(stub, tmp_path):
     assert agent.metrics.samples.labels("error")._value.get() == 1
 
 
+def test_a_report_the_api_model_refuses_is_counted_and_the_loop_goes_on(stub, tmp_path):
+    now = [0.0]
+    agent = make_agent(stub, tmp_path, "8Gi", now)
+    sampler = agent.parts.sampler
+    real = sampler.sample
+
+    def overlong_uid():
+        result = real()
+        result.report.pods[0].uid = "x" * 100  # the API allows 64 characters
+        return result
+
+    sampler.sample = overlong_uid  # type: ignore[method-assign]
+    assert agent.step() is not None
+    assert agent.metrics.writes.labels("error")._value.get() == 1 and not patches(stub)
+    sampler.sample = real  # type: ignore[method-assign]
+    now[0] = 10.0
+    agent.step()
+    assert len(patches(stub)) == 1
+
+
 def test_run_stops_on_the_event(stub, tmp_path):
     now = [0.0]
     agent = make_agent(stub, tmp_path, "8Gi", now)

@@ -153,3 +153,22 @@ def test_flags_override_bad_environment_values_and_levels_are_case_insensitive(m
     monkeypatch.setenv("VRAMGUARD_HISTORY_POINTS", "many")
     args = parser().parse_args(["once", "--history-points", "50", "--log-level", "debug"])
     assert (args.history_points, args.log_level) == (50, "DEBUG")
+
+
+def test_ram_interval_flag_and_environment_reach_the_cgroup_reader(monkeypatch):
+    from vramguard_agent.agent import build
+    from vramguard_agent.cli import _config
+
+    assert _config(parser().parse_args(["run", "--node", "n"])).ram_interval_s == 30.0
+    monkeypatch.setenv("VRAMGUARD_RAM_INTERVAL", "1m")
+    assert _config(parser().parse_args(["run", "--node", "n"])).ram_interval_s == 60.0
+    args = parser().parse_args(
+        ["once", "--backend", "sim", "--scenario", str(DEMO), "--node", "gpu-a10-vgpu", "--ram-interval", "0s"]
+    )
+    parts = build(_config(args))
+    try:
+        assert parts.sampler.memory.refresh_s == 0.0
+    finally:
+        parts.close()
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "--ram-interval", "-5s"])

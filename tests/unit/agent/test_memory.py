@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+
+import pytest
 
 from vramguard_agent.memory import (
     RESCAN_MIN_INTERVAL_S,
@@ -120,7 +123,7 @@ def test_v2_container_oom_counts_are_reread_only_when_the_pods_count_moves(tmp_p
     container = root / SYSTEMD_POD / f"cri-containerd-{CID}.scope"
     write_v2(root / SYSTEMD_POD, 1_000, 0, oom=1)
     write_v2(container, 1_000, 0, oom=1)
-    reader = CgroupMemoryReader(root)
+    reader = CgroupMemoryReader(root, refresh_s=0)
     assert reader.read({UID: {CID}})[UID].containers[CID].oom_kills == 1
     (container / "memory.events").write_text("oom_kill 7\n")  # not how the kernel behaves: proves no re-read
     assert reader.read({UID: {CID}})[UID].containers[CID].oom_kills == 1
@@ -141,3 +144,59 @@ def test_rescans_for_a_new_container_at_most_every_interval(tmp_path):
     assert set(reader.read({UID: {CID, CID2}})[UID].containers) == {CID}
     now[0] = RESCAN_MIN_INTERVAL_S + 1
     assert set(reader.read({UID: {CID, CID2}})[UID].containers) == {CID, CID2}
+
+
+def pod_dir(root: Path, uid: str) -> Path:
+    return root / f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice"
+
+
+def test_a_reading_is_kept_until_the_refresh_interval_has_passed(tmp_path):
+    root = v2_root(tmp_path)
+    write_v2(root / SYSTEMD_POD, 1_000, 0)
+    reader = CgroupMemoryReader(root, refresh_s=30)
+    assert reader.read({UID: set()}, now=0)[UID].pod.working_set_bytes == 1_000
+    write_v2(root / SYSTEMD_POD, 2_000, 0)
+    # The first reading is back-dated by at most the interval: kept for a while, never past 30 s.
+    ages = [t for t in range(31) if reader.read({UID: set()}, now=t)[UID].pod.working_set_bytes == 1_000]
+    assert ages == list(range(len(ages))) and len(ages) < 31
+    write_v2(root / SYSTEMD_POD, 3_000, 0)
+    later = len(ages)
+    assert reader.read({UID: set()}, now=later + 29.9)[UID].pod.working_set_bytes == 2_000
+    assert reader.read({UID: set()}, now=later + 30)[UID].pod.working_set_bytes == 3_000
+
+
+def test_refreshes_are_spread_so_each_sample_reads_a_share_of_the_pods(tmp_path):
+    root = v2_root(tmp_path)
+    uids = [str(uuid.UUID(int=i * 7919 + 1)) for i in range(90)]
+    reader = CgroupMemoryReader(root, refresh_s=30)
+    shares, last_read = [], dict.fromkeys(uids, 0.0)
+    for step in range(12):  # two minutes of 10-s samples; each sample writes new figures
+        for uid in uids:
+            write_v2(pod_dir(root, uid), 1_000 + step, 0)
+        result = reader.read({uid: set() for uid in uids}, now=step * 10.0)
+        fresh = [uid for uid in uids if result[uid].pod.working_set_bytes == 1_000 + step]
+        for uid in fresh:
+            last_read[uid] = step * 10.0
+        assert all(step * 10.0 - t <= 30 for t in last_read.values())  # nobody's RAM is older than 30 s
+        if step:
+            shares.append(len(fresh))
+    assert all(15 <= n <= 45 for n in shares), shares  # about a third each time, not all at once
+
+
+def test_a_new_container_is_read_at_once_and_gone_pods_are_forgotten(tmp_path):
+    root = v2_root(tmp_path)
+    write_v2(root / SYSTEMD_POD, 1_000, 0)
+    write_v2(root / SYSTEMD_POD / f"cri-containerd-{CID}.scope", 1_000, 0)
+    reader = CgroupMemoryReader(root, clock=lambda: 0.0, refresh_s=30)
+    assert set(reader.read({UID: {CID}}, now=0)[UID].containers) == {CID}
+    write_v2(root / SYSTEMD_POD / f"cri-containerd-{CID2}.scope", 500, 0)
+    reader._last_scan = -RESCAN_MIN_INTERVAL_S  # the rescan is due
+    assert reader.read({UID: {CID, CID2}}, now=1)[UID].containers[CID2].working_set_bytes == 500
+    assert reader.read({}, now=2) == {}
+    write_v2(root / SYSTEMD_POD, 4_000, 0)
+    assert reader.read({UID: {CID, CID2}}, now=3)[UID].pod.working_set_bytes == 4_000
+
+
+def test_a_negative_refresh_interval_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="RAM refresh interval must be >= 0 seconds, got -1"):
+        CgroupMemoryReader(tmp_path, refresh_s=-1)

@@ -70,7 +70,7 @@ def samples(family, **labels):
 
 def test_device_series_use_dcgm_exporter_labels():
     m = AgentMetrics("node-a")
-    m.update(Snapshot("node-a", status(), [ContainerDeviceUsage("ml", "ocr-0", "ocr", MIG, 2 * GIB)]))
+    m.update(Snapshot("node-a", status(), lambda: [ContainerDeviceUsage("ml", "ocr-0", "ocr", MIG, 2 * GIB)]))
     f = families(m)
     (mig,) = samples(f["vramguard_gpu_memory_used_bytes"], GPU_I_ID="9")
     assert mig.labels == {

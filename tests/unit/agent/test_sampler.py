@@ -10,6 +10,7 @@ import pytest
 from vramguard_agent import sampler as sampler_module
 from vramguard_agent.history import HistoryStore
 from vramguard_agent.memory import CgroupMemoryReader
+from vramguard_agent.publish import digest
 from vramguard_agent.sampler import Sampler
 from vramguard_agent.scenario import Scenario
 from vramguard_agent.sim import FIRST_PID, SimBackend
@@ -70,9 +71,30 @@ def test_sample_attributes_names_and_measures(tmp_path):
     (host,) = status.unattributed
     assert host.used_bytes == GIB and host.reason.startswith("not in a pod")
     assert status.agent.backend == "sim" and status.agent.driver_version == "550.90.07"
-    assert [(c.namespace, c.pod, c.container, c.used_bytes) for c in result.container_devices] == [
+    assert [(c.namespace, c.pod, c.container, c.used_bytes) for c in result.container_devices()] == [
         ("ml", "leaky", "server", 4 * GIB)
     ]
+
+
+def test_the_plain_report_is_the_api_model_field_for_field(tmp_path):
+    """What the publish decision and the metrics read (the plain report) is what
+    is written (its API model): same digest, same values, pod by pod."""
+    now = [0.0]
+    sampler = make(tmp_path, now, history=HistoryStore(trend_interval_s=0.0))
+    for step in range(5):
+        now[0] = step * 60.0
+        result = sampler.sample()
+    report, status = result.report, result.status
+    assert digest(report).shape == digest(status).shape and digest(report).amounts == digest(status).amounts
+    assert report.to_status() is status  # built once
+    for entry, pod in zip(report.pods, status.pods, strict=True):
+        for name in ("uid", "namespace", "name", "qos_class", "attribution", "vram_bytes", "trend"):
+            assert getattr(entry, name) == getattr(pod, name)
+        assert [tuple(d) for d in entry.devices] == [(d.uuid, d.used_bytes) for d in pod.devices]
+        assert [(c.container_id, c.name, c.ram_working_set_bytes) for c in entry.containers] == [
+            (c.container_id, c.name, c.ram_working_set_bytes) for c in pod.containers
+        ]
+    assert any(p.trend is not None for p in status.pods) and status.unattributed
 
 
 def test_history_gives_the_leaking_pod_a_growth_rate(tmp_path):

@@ -1,8 +1,8 @@
 """Pure assembly of a ``NodeGPUUsageStatus`` from one sample.
 
 ``aggregate`` sums each device's processes per pod and container (from the
-pid attributions); ``build_status`` joins that with pod names, RAM, trends and
-the previous conditions, applies the size bounds and returns the status. No
+pid attributions); ``build_report`` joins that with pod names, RAM, trends and
+the previous conditions, applies the size bounds and returns the report. No
 I/O here: everything read from NVML, /proc, the cgroup filesystem or the API
 server is an argument.
 
@@ -579,16 +579,3 @@ def build_report(
         truncated=truncated,
     )
 
-
-def build_status(
-    sample: GPUSample | None,
-    backend_error: str | None,
-    agg: Aggregation,
-    inputs: PodInputs,
-    agent: AgentInfo,
-    now: datetime,
-    previous_conditions: Iterable[Condition] | None = None,
-    bounds: Bounds = DEFAULT_BOUNDS,
-) -> NodeGPUUsageStatus:
-    """``build_report(...).to_status()``: the API model of one sample's report."""
-    return build_report(sample, backend_error, agg, inputs, agent, now, previous_conditions, bounds).to_status()

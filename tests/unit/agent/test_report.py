@@ -14,7 +14,7 @@ from vramguard_agent.report import (
     Bounds,
     PodInputs,
     aggregate,
-    build_status,
+    build_report,
     processes_short,
 )
 from vramguard_api.trend import TrendFeatures
@@ -41,7 +41,7 @@ def attr(uid, cid, qos="burstable"):
 
 def status(sample, attributions, inputs=None, previous=None, bounds=None, error=None, now=NOW):
     agg = aggregate(sample, attributions)
-    return build_status(sample, error, agg, inputs or PodInputs(), AGENT, now, previous, bounds or Bounds())
+    return build_report(sample, error, agg, inputs or PodInputs(), AGENT, now, previous, bounds or Bounds()).to_status()
 
 
 def test_pods_sum_their_processes_per_device_and_container():
@@ -168,7 +168,7 @@ def test_pods_seen_on_a_device_whose_listing_failed_are_unknown():
     sample = GPUSample([device("GPU-0", GPUProcess(1, GIB), GPUProcess(3, 2 * GIB)), lost])
     meta = {C_: PodMeta(C_, "ns", "idle", gpu=True)}
     agg = aggregate(sample, {1: attr(A, CA), 3: attr(B, CB)}, last_seen={"GPU-1": {A, C_}, "GPU-0": {B}})
-    s = build_status(sample, None, agg, PodInputs(pods=meta, gpu_pods=[C_]), AGENT, NOW)
+    s = build_report(sample, None, agg, PodInputs(pods=meta, gpu_pods=[C_]), AGENT, NOW).to_status()
     by_uid = {p.uid: p for p in s.pods}
     assert (by_uid[A].attribution, by_uid[A].vram_bytes) == ("Unknown", None)
     assert {d.uuid: d.used_bytes for d in by_uid[A].devices} == {"GPU-0": GIB, "GPU-1": None}

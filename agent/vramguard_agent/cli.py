@@ -72,24 +72,24 @@ def _log_level(value: str) -> str:
     return level
 
 
-def _fraction(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--deadband-fraction: not a number: {value!r}") from None
-    if not 0 <= number < 1:
-        raise argparse.ArgumentTypeError(f"--deadband-fraction: {value!r} is not in [0, 1)")
-    return number
+def _real(flag: str, env: str, ok: Callable[[float], bool], want: str) -> Callable[[str], float]:
+    """An argparse type: a finite number for which ``ok`` holds (``want`` says
+    which, in the error, with the flag and its variable)."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and ok(number)):
+            raise argparse.ArgumentTypeError(f"want {want} ({flag} or env {env}), got {value!r}")
+        return number
+
+    return parse
 
 
-def _speed(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sim-speed: not a number: {value!r}") from None
-    if not (math.isfinite(number) and number > 0):
-        raise argparse.ArgumentTypeError(f"--sim-speed: {value!r} is not a positive number")
-    return number
+_fraction = _real("--deadband-fraction", "VRAMGUARD_DEADBAND_FRACTION", lambda x: 0 <= x < 1, "a number in [0, 1)")
+_speed = _real("--sim-speed", "VRAMGUARD_SIM_SPEED", lambda x: x > 0, "a positive number")
 
 
 def _sampling_flags(p: argparse.ArgumentParser, kubeconfig_env: bool) -> None:
@@ -120,13 +120,13 @@ def _sampling_flags(p: argparse.ArgumentParser, kubeconfig_env: bool) -> None:
     )
     p.add_argument(
         "--sample-interval",
-        type=_duration("--sample-interval"),
+        type=_duration("--sample-interval", "VRAMGUARD_SAMPLE_INTERVAL"),
         default=_env("VRAMGUARD_SAMPLE_INTERVAL", "10s"),
         help="sampling interval, Go duration (env VRAMGUARD_SAMPLE_INTERVAL; default 10s)",
     )
     p.add_argument(
         "--history-window",
-        type=_duration("--history-window"),
+        type=_duration("--history-window", "VRAMGUARD_HISTORY_WINDOW"),
         default=_env("VRAMGUARD_HISTORY_WINDOW", f"{int(DEFAULT_WINDOW_S)}s"),
         help="per-pod history window (env VRAMGUARD_HISTORY_WINDOW; default 2h)",
     )
@@ -138,20 +138,20 @@ def _sampling_flags(p: argparse.ArgumentParser, kubeconfig_env: bool) -> None:
     )
     p.add_argument(
         "--trend-interval",
-        type=_duration("--trend-interval"),
+        type=_duration("--trend-interval", "VRAMGUARD_TREND_INTERVAL"),
         default=_env("VRAMGUARD_TREND_INTERVAL", f"{int(DEFAULT_TREND_INTERVAL_S)}s"),
         help="how often trend features are recomputed (env VRAMGUARD_TREND_INTERVAL; default 5m)",
     )
     p.add_argument(
         "--ram-interval",
-        type=_duration("--ram-interval"),
+        type=_duration("--ram-interval", "VRAMGUARD_RAM_INTERVAL"),
         default=_env("VRAMGUARD_RAM_INTERVAL", f"{int(DEFAULT_REFRESH_S)}s"),
         help="how often a pod's RAM and OOM kills are re-read from the cgroup files; 0s: every sample "
         "(env VRAMGUARD_RAM_INTERVAL; default 30s)",
     )
     p.add_argument(
         "--sim-offset",
-        type=_duration("--sim-offset"),
+        type=_duration("--sim-offset", "VRAMGUARD_SIM_OFFSET"),
         default=_env("VRAMGUARD_SIM_OFFSET", "0s"),
         help="sim: scenario time at start (env VRAMGUARD_SIM_OFFSET)",
     )
@@ -367,19 +367,19 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--heartbeat",
         default=_env("VRAMGUARD_HEARTBEAT", f"{int(DEFAULT_HEARTBEAT_S)}s"),
-        type=_duration("--heartbeat"),
+        type=_duration("--heartbeat", "VRAMGUARD_HEARTBEAT"),
         help="write at least this often (env VRAMGUARD_HEARTBEAT; default 30s)",
     )
     run.add_argument(
         "--min-report-interval",
         default=_env("VRAMGUARD_MIN_REPORT_INTERVAL", f"{int(DEFAULT_MIN_INTERVAL_S)}s"),
-        type=_duration("--min-report-interval"),
+        type=_duration("--min-report-interval", "VRAMGUARD_MIN_REPORT_INTERVAL"),
         help="write at most this often (env VRAMGUARD_MIN_REPORT_INTERVAL; default 5s)",
     )
     run.add_argument(
         "--deadband",
         default=_env("VRAMGUARD_DEADBAND", DEFAULT_DEADBAND_BYTES),
-        type=_quantity("--deadband"),
+        type=_quantity("--deadband", "VRAMGUARD_DEADBAND"),
         help="absolute dead-band, a quantity (env VRAMGUARD_DEADBAND; default 64Mi)",
     )
     run.add_argument(

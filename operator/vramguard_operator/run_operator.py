@@ -115,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ):
         p.add_argument(
             flag,
-            type=_duration(flag),
+            type=_duration(flag, env),
             default=_env(env, default),
             help=f"{text} (env {env}; default {default})",
         )

@@ -138,6 +138,10 @@ def test_once_at_sim_speed_samples_scenario_time(tmp_path):
     ("VRAMGUARD_HISTORY_POINTS", "many", "--history-points"),
     ("VRAMGUARD_HISTORY_POINTS", "0", "--history-points"),
     ("VRAMGUARD_LOG_LEVEL", "LOUD", "--log-level"),
+    ("VRAMGUARD_RAM_INTERVAL", "soon", "--ram-interval"),
+    ("VRAMGUARD_SAMPLE_INTERVAL", "-10s", "--sample-interval"),
+    ("VRAMGUARD_SIM_SPEED", "fast", "--sim-speed"),
+    ("VRAMGUARD_SIM_SPEED", "0", "--sim-speed"),
 ])
 def test_bad_environment_values_name_the_variable_not_a_traceback(monkeypatch, capsys, var, value, flag):
     monkeypatch.setenv(var, value)
@@ -172,3 +176,16 @@ def test_ram_interval_flag_and_environment_reach_the_cgroup_reader(monkeypatch):
         parts.close()
     with pytest.raises(SystemExit):
         parser().parse_args(["run", "--ram-interval", "-5s"])
+
+
+@pytest.mark.parametrize(("var", "value", "flag"), [
+    ("VRAMGUARD_DEADBAND", "lots", "--deadband"),
+    ("VRAMGUARD_DEADBAND_FRACTION", "1.5", "--deadband-fraction"),
+    ("VRAMGUARD_HEARTBEAT", "often", "--heartbeat"),
+])
+def test_bad_run_environment_values_name_the_variable(monkeypatch, capsys, var, value, flag):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as exit_:
+        parser().parse_args(["run", "--node", "n"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and flag in err and var in err and repr(value) in err

@@ -119,7 +119,8 @@ class CgroupMemoryReader:
 
         Pods without a cgroup are left out; containers without one are absent
         from ``PodMemory.containers``. ``now`` (seconds; default the clock) ages
-        the kept readings: a reading younger than ``refresh_s`` is returned again.
+        the kept readings: a reading is returned again until it comes due,
+        ``refresh_s`` after the last one (a clock that steps back re-reads at once).
         """
         if self.version is None or not pods:
             self._readings = {}
@@ -141,17 +142,21 @@ class CgroupMemoryReader:
         return {uid: memory for uid, (_, memory) in readings.items()}
 
     def _reading(self, uid: str, cgroup: PodCgroup, when: float) -> tuple[float, PodMemory]:
-        """The pod's kept (time, reading), or a new one when it is due."""
+        """The pod's kept (next due time, reading), or a new one when it is due."""
         kept = self._readings.get(uid)
-        if (
-            kept is not None
-            and when - kept[0] < self.refresh_s
-            and kept[1].containers.keys() == cgroup.containers.keys()
-        ):
-            return kept
-        # A first reading is back-dated by a per-pod share of the interval: pods found together refresh apart.
-        spread = (zlib.crc32(uid.encode()) % 1000) / 1000 * self.refresh_s if kept is None else 0.0
-        return when - spread, self._read_pod(cgroup)
+        if kept is not None:
+            due, memory = kept
+            # A due time more than an interval ahead means the clock stepped back: read now.
+            if when < due <= when + self.refresh_s and memory.containers.keys() == cgroup.containers.keys():
+                return kept
+            # Fixed rate: a tick that wakes a little late does not push the next refresh a sample later.
+            due += self.refresh_s
+            if not when < due <= when + self.refresh_s:
+                due = when + self.refresh_s
+        else:
+            # A first reading comes due after a per-pod share of the interval: pods found together refresh apart.
+            due = when + self.refresh_s * (1 - (zlib.crc32(uid.encode()) % 1000) / 1000)
+        return due, self._read_pod(cgroup)
 
     def scan(self) -> dict[str, PodCgroup]:
         """Index every kubelet pod cgroup under the memory hierarchy, by pod uid."""

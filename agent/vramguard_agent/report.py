@@ -510,7 +510,7 @@ class NodeReport:
     pods: list[PodEntry]
     unattributed: list[UnattributedProcess]
     truncated: bool
-    _status: NodeGPUUsageStatus | None = None
+    _status: NodeGPUUsageStatus | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_status(self) -> NodeGPUUsageStatus:
         """The API model of this report, built (and validated) on first call.

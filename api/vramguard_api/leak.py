@@ -296,7 +296,8 @@ def floor_points(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Blocks are ``BLOCK_SECONDS`` long (or ``MIN_BLOCK_SAMPLES`` sampling
     intervals when sampling is sparse), counted back from the last sample; the
     oldest block is dropped when it covers less than half a block, since its
-    minimum over fewer samples would sit high.
+    minimum over fewer samples would sit high. ``t`` increasing, ``v`` without
+    NaN (``validate_series``'s output).
     """
     dt = median(np.diff(t)) if t.size > 1 else BLOCK_SECONDS
     width = max(BLOCK_SECONDS, MIN_BLOCK_SAMPLES * dt)

@@ -20,7 +20,9 @@ class APIModel(BaseModel):
         """Return the JSON-compatible dict the API server expects (aliases, no None).
 
         The same dict as ``model_dump(mode="json", ...)``, through pydantic's JSON
-        serialiser: a node's report (~1,400 nested models) dumps in less than half the time."""
+        serialiser: a node's report (~1,400 nested models) dumps in less than half
+        the time. (A NaN or infinite float, which no vramguard figure is, becomes
+        None here; ``model_dump`` would keep it and make the request body invalid JSON.)"""
         return json.loads(self.model_dump_json(by_alias=True, exclude_none=True))
 
 

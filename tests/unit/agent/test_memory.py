@@ -156,13 +156,39 @@ def test_a_reading_is_kept_until_the_refresh_interval_has_passed(tmp_path):
     reader = CgroupMemoryReader(root, refresh_s=30)
     assert reader.read({UID: set()}, now=0)[UID].pod.working_set_bytes == 1_000
     write_v2(root / SYSTEMD_POD, 2_000, 0)
-    # The first reading is back-dated by at most the interval: kept for a while, never past 30 s.
-    ages = [t for t in range(31) if reader.read({UID: set()}, now=t)[UID].pod.working_set_bytes == 1_000]
-    assert ages == list(range(len(ages))) and len(ages) < 31
+    # The first reading comes due within the interval (a per-pod share of it): kept until then.
+    kept = [t for t in range(31) if reader.read({UID: set()}, now=t)[UID].pod.working_set_bytes == 1_000]
+    assert kept == list(range(len(kept))) and len(kept) < 31
     write_v2(root / SYSTEMD_POD, 3_000, 0)
-    later = len(ages)
-    assert reader.read({UID: set()}, now=later + 29.9)[UID].pod.working_set_bytes == 2_000
-    assert reader.read({UID: set()}, now=later + 30)[UID].pod.working_set_bytes == 3_000
+    first_due = len(kept)  # the refresh happened at the first whole second at or after the due time
+    assert reader.read({UID: set()}, now=first_due + 28.9)[UID].pod.working_set_bytes == 2_000
+    assert reader.read({UID: set()}, now=first_due + 30)[UID].pod.working_set_bytes == 3_000
+
+
+def test_refreshes_keep_their_rate_when_ticks_wake_late(tmp_path):
+    """A run loop wakes a little late by varying amounts: every third 10-s tick
+    still re-reads (not every fourth, as ages measured from the last read would)."""
+    root = v2_root(tmp_path)
+    reader = CgroupMemoryReader(root, refresh_s=30)
+    reads = []
+    for step in range(40):
+        write_v2(root / SYSTEMD_POD, 1_000 + step, 0)
+        late = 0.002 * ((step * 7) % 5)  # 0-8 ms late, varying
+        if reader.read({UID: set()}, now=step * 10.0 + late)[UID].pod.working_set_bytes == 1_000 + step:
+            reads.append(step)
+    assert {b - a for a, b in zip(reads, reads[1:], strict=False)} == {3}
+
+
+def test_a_clock_that_steps_back_re_reads_at_once(tmp_path):
+    root = v2_root(tmp_path)
+    write_v2(root / SYSTEMD_POD, 1_000, 0, oom=0)
+    reader = CgroupMemoryReader(root, refresh_s=30)
+    reader.read({UID: set()}, now=10_000)
+    write_v2(root / SYSTEMD_POD, 2_000, 0, oom=1)
+    pod = reader.read({UID: set()}, now=10_000 - 3600)[UID].pod  # NTP stepped the clock back an hour
+    assert (pod.working_set_bytes, pod.oom_kills) == (2_000, 1)
+    write_v2(root / SYSTEMD_POD, 3_000, 0, oom=1)
+    assert reader.read({UID: set()}, now=10_000 - 3600 + 10)[UID].pod.working_set_bytes == 2_000  # kept again
 
 
 def test_refreshes_are_spread_so_each_sample_reads_a_share_of_the_pods(tmp_path):

@@ -243,7 +243,7 @@ def test_agent_sees_every_gpu_without_taking_one(default):
     for section in ("requests", "limits"):
         assert not [r for r in c["resources"].get(section, {}) if r.startswith("nvidia.com/")]
     assert c["command"] == ["vramguard-agent"] and c["args"][0] == "run"
-    assert "--backend=nvml" in c["args"] and "--sample-interval=5s" in c["args"]
+    assert "--backend=nvml" in c["args"] and "--sample-interval=5s" in c["args"] and "--ram-interval=30s" in c["args"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 9400}
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -257,7 +257,7 @@ def test_agent_command_line_is_accepted_by_the_agent_cli(default):
     args = cli.parser().parse_args(c["args"])
     assert args.command == "run" and args.backend == "nvml"
     assert str(args.proc_root) == "/host/proc" and str(args.cgroup_root) == "/host/sys/fs/cgroup"
-    assert args.sample_interval == 5.0
+    assert args.sample_interval == 5.0 and args.ram_interval == 30.0
     assert args.metrics_address == ":9400"
 
 
@@ -520,6 +520,7 @@ def test_default_warning_ratio_is_85_percent():
 @pytest.mark.parametrize(("values", "where"), [
     ({"agent.backend": "cuda"}, "/agent/backend"),
     ({"agent.interval": "5"}, "/agent/interval"),
+    ({"agent.ramInterval": "often"}, "/agent/ramInterval"),
     ({"agent.port": 0}, "/agent/port"),
     ({"agent.runAsUser": -1}, "/agent/runAsUser"),
     ({"agent.priorityClassName": ""}, "/agent/priorityClassName"),

@@ -183,25 +183,21 @@ def _sampling_flags(p: argparse.ArgumentParser, kubeconfig_env: bool) -> None:
 
 
 def _config(args: argparse.Namespace, policy: PublishPolicy | None = None) -> AgentConfig:
-    def seconds(value: Any, flag: str) -> float:
-        # Defaults taken from the environment arrive as strings.
-        return value if isinstance(value, float) else parse_duration(str(value), field=flag)
-
     return AgentConfig(
         node_name=args.node,
         backend=args.backend,
         scenario=Path(args.scenario) if args.scenario else None,
         proc_root=Path(args.proc_root) if args.proc_root else None,
         cgroup_root=Path(args.cgroup_root) if args.cgroup_root else None,
-        sample_interval_s=seconds(args.sample_interval, "--sample-interval"),
+        sample_interval_s=_seconds(args.sample_interval, "--sample-interval"),
         policy=policy or PublishPolicy(),
-        history_window_s=seconds(args.history_window, "--history-window"),
+        history_window_s=_seconds(args.history_window, "--history-window"),
         history_points=args.history_points,
-        trend_interval_s=seconds(args.trend_interval, "--trend-interval"),
-        ram_interval_s=seconds(args.ram_interval, "--ram-interval"),
+        trend_interval_s=_seconds(args.trend_interval, "--trend-interval"),
+        ram_interval_s=_seconds(args.ram_interval, "--ram-interval"),
         metrics_address=getattr(args, "metrics_address", None) or None,
         kubeconfig=args.kubeconfig,
-        sim_offset_s=seconds(args.sim_offset, "--sim-offset"),
+        sim_offset_s=_seconds(args.sim_offset, "--sim-offset"),
         sim_speed=float(args.sim_speed),
     )
 
@@ -268,6 +264,7 @@ def _api(kubeconfig: str | None) -> Any:
 
 
 def _seconds(value: Any, flag: str) -> float:
+    # Defaults taken from the environment arrive as strings.
     return value if isinstance(value, float) else parse_duration(str(value), field=flag)
 
 

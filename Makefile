@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 export PYTHONPATH := $(CURDIR)/api:$(CURDIR)/operator:$(CURDIR)/agent
 
-.PHONY: help venv test test-unit test-e2e generate verify lint typecheck cluster cluster-down demo bench clean
+.PHONY: help venv test test-unit test-e2e generate verify lint typecheck imports cluster cluster-down demo bench clean
 
 help:
 	@echo "make demo      run the whole system on a local cluster (builds it on first use)"
@@ -38,7 +38,7 @@ generate: venv
 	@# The Helm chart ships a copy of the CRDs (docs/install.md, "Upgrade").
 	rm -f charts/vramguard/crds/*.yaml && cp crds/*.yaml charts/vramguard/crds/
 
-verify: venv lint typecheck
+verify: venv lint typecheck imports
 	$(PYTHON) -m vramguard_api.crdgen --check crds
 	diff -r crds charts/vramguard/crds || { echo "charts/vramguard/crds differs from crds/: run make generate" >&2; exit 1; }
 
@@ -47,6 +47,10 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
+
+# The layer contracts in pyproject.toml ([tool.importlinter]).
+imports: venv
+	$(BIN)/lint-imports
 
 cluster: venv
 	hack/cluster/build.sh

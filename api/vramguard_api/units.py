@@ -33,6 +33,16 @@ _DURATION_UNIT_SECONDS = {
 }
 
 
+def quantity_decimal(value: str | int | float) -> Decimal:
+    """Return a Kubernetes quantity (``"500m"``, ``"2"``, ``"40Gi"``) as an exact Decimal.
+
+    The one place engine and policy code parse quantities, so that they need
+    no Kubernetes client import. Raises ``ValueError`` (or ``TypeError``) from
+    ``kubernetes.utils.parse_quantity`` when the value is not a quantity.
+    """
+    return Decimal(parse_quantity(value))
+
+
 def quantity_to_bytes(value: str | int, field: str = "quantity") -> int:
     """Return a non-negative quantity (``"40Gi"``, ``"512Mi"``, ``1000``) as whole bytes.
 

@@ -49,7 +49,7 @@ import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from vramguard_operator import top_cmd  # noqa: E402
+from vramguard_operator.cli import top as top_cmd  # noqa: E402
 
 CACHE = Path(os.environ.get("VG_CACHE", Path.home() / ".cache" / "vramguard"))
 GROUP, VERSION = "vramguard.io", "v1alpha1"

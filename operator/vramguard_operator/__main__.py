@@ -2,6 +2,6 @@
 
 import sys
 
-from vramguard_operator.cli import main
+from vramguard_operator.cli.main import main
 
 sys.exit(main())

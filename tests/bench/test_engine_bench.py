@@ -18,9 +18,9 @@ import pytest
 
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.engine import evaluate
-from vramguard_operator.engine_types import ContainerFacts, EngineInput, PodFacts
-from vramguard_operator.replay_cmd import apply_output
+from vramguard_operator.cli.replay import apply_output
+from vramguard_operator.engine.evaluate import evaluate
+from vramguard_operator.engine.types import ContainerFacts, EngineInput, PodFacts
 
 GI = 1 << 30
 BUDGETS, PODS, NODES = 100, 2000, 20

@@ -263,7 +263,7 @@ def test_agent_command_line_is_accepted_by_the_agent_cli(default):
 
 def test_operator_command_line_is_accepted_by_the_operator_cli(default):
     """The chart's command line parses with the real `vramguard` parser."""
-    cli = pytest.importorskip("vramguard_operator.cli")
+    cli = pytest.importorskip("vramguard_operator.cli.main")
     if importlib.util.find_spec(cli.SUBCOMMANDS["operator"][0]) is None:
         pytest.skip("`vramguard operator` is not implemented yet (run_operator module missing)")
     c = container(one(default, "Deployment"))

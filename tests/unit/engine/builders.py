@@ -8,8 +8,9 @@ from typing import Any
 
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.engine import evaluate
-from vramguard_operator.engine_types import (
+from vramguard_operator.cli.replay import apply_output
+from vramguard_operator.engine.evaluate import evaluate
+from vramguard_operator.engine.types import (
     ContainerFacts,
     Decision,
     EffectivePolicy,
@@ -18,7 +19,6 @@ from vramguard_operator.engine_types import (
     EngineOutput,
     PodFacts,
 )
-from vramguard_operator.replay_cmd import apply_output
 
 GI = 1 << 30
 MI = 1 << 20

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from vramguard_operator.engine_types import EngineConfig
+from vramguard_operator.engine.types import EngineConfig
 
 from .builders import GI, apply, at, budget, pod, report, run, simulate, vram
 

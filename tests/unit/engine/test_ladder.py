@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from vramguard_operator.engine_types import ANNOTATION_VIOLATIONS, DryRunStep, Evict, Throttle
+from vramguard_operator.engine.types import ANNOTATION_VIOLATIONS, DryRunStep, Evict, Throttle
 
 from .builders import GI, apply, at, budget, pod, report, run, simulate, steps, vram
 

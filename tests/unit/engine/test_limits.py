@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard_operator.engine_types import Annotate
+from vramguard_operator.engine.types import Annotate
 
 from .builders import GI, at, budget, pod, report, run, vram
 

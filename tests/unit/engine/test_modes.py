@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard_operator.engine_types import SIDE_EFFECT_DECISIONS, DryRunStep, EffectivePolicy
+from vramguard_operator.engine.types import SIDE_EFFECT_DECISIONS, DryRunStep, EffectivePolicy
 
 from .builders import at, budget, pod, simulate, steps, vram
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vramguard_api.budget import ACTIONS, GPUMemoryBudget
-from vramguard_operator.engine_types import (
+from vramguard_operator.engine.types import (
     SIDE_EFFECT_DECISIONS,
     EffectivePolicy,
     EngineOutput,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vramguard_operator.engine_types import (
+from vramguard_operator.engine.types import (
     ANNOTATION_MESSAGE,
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_VIOLATIONS,

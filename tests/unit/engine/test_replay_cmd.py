@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vramguard_operator.cli import main
+from vramguard_operator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "replay"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudget
-from vramguard_operator.engine_types import ANNOTATION_VIOLATIONS
+from vramguard_operator.engine.types import ANNOTATION_VIOLATIONS
 
 from .builders import at, budget, pod, report, run, simulate, steps, vram
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vramguard_operator.budget_status import status_changed
-from vramguard_operator.engine_types import EngineConfig
+from vramguard_operator.engine.budget_status import status_changed
+from vramguard_operator.engine.types import EngineConfig
 
 from .builders import GI, at, budget, pod, report, run, simulate, steps, vram
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vramguard_operator.engine_types import (
+from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_VIOLATIONS,
     ContainerFacts,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vramguard_operator.cli import main
+from vramguard_operator.cli.main import main
 
 from .corpus import CORPUS, trace
 

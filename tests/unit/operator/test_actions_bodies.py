@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kubernetes.client import CoreV1Event, V1Eviction
 from kubernetes.client.rest import ApiException
 
-from vramguard_operator.actions import (
+from vramguard_operator.controller.actions import (
     annotations_patch,
     api_error_text,
     budget_object,
@@ -23,7 +23,7 @@ from vramguard_operator.actions import (
     pod_object,
     resize_patch,
 )
-from vramguard_operator.engine_types import BudgetRef, ContainerCPU, EventSpec, PodRef
+from vramguard_operator.engine.types import BudgetRef, ContainerCPU, EventSpec, PodRef
 
 POD = PodRef("ml", "w0", "uid-w0")
 

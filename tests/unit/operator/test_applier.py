@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.policy import EvictionRateLimit
-from vramguard_operator.actions import (
+from vramguard_operator.controller.actions import (
     Applier,
     ApplyContext,
     ApplyResult,
@@ -25,7 +25,8 @@ from vramguard_operator.actions import (
     KubeActions,
     ObjectRef,
 )
-from vramguard_operator.engine_types import (
+from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_VIOLATIONS,
     BudgetRef,
@@ -40,7 +41,6 @@ from vramguard_operator.engine_types import (
     Throttle,
     ViolationKey,
 )
-from vramguard_operator.metrics import Metrics
 
 from ..agent.stubapi import StubAPI, status_body
 

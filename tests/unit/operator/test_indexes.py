@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.indexes import (
+from vramguard_operator.controller.indexes import (
     Overlay,
     budget_entry,
     has_vramguard_state,

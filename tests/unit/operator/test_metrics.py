@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client import CollectorRegistry, generate_latest
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
-from vramguard_operator.metrics import Metrics
+from vramguard_operator.controller.metrics import Metrics
 
 T0 = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)
 

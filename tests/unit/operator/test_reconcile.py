@@ -9,9 +9,8 @@ import pytest
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
-from vramguard_operator.engine_types import EngineConfig
-from vramguard_operator.indexes import Snapshot, Versioned, budget_entry
-from vramguard_operator.reconcile import (
+from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry
+from vramguard_operator.controller.reconcile import (
     OperatorConfig,
     invalid_status,
     namespace_policies,
@@ -19,6 +18,7 @@ from vramguard_operator.reconcile import (
     plan,
     scope_of,
 )
+from vramguard_operator.engine.types import EngineConfig
 
 from ..engine.builders import budget, pod, report, vram
 from .test_indexes import budget_body
@@ -81,7 +81,7 @@ def test_a_policy_that_cannot_be_evaluated_holds_every_namespace_in_dry_run_and_
 
 
 def test_plan_holds_every_group_in_dry_run_while_a_policy_does_not_parse():
-    from vramguard_operator.indexes import policy_entry
+    from vramguard_operator.controller.indexes import policy_entry
 
     snap = Snapshot()
     snap.budgets["a"] = [entry(budget(ns="a", per_pod={"vram": "10Gi"}))]

@@ -15,13 +15,13 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from vramguard_api.policy import EvictionRateLimit
-from vramguard_operator import reconcile
-from vramguard_operator.actions import Applier, EventRecorder, EvictionLimiter, KubeActions
-from vramguard_operator.engine_types import PodFacts
-from vramguard_operator.indexes import Snapshot, Versioned, budget_entry
-from vramguard_operator.metrics import Metrics
-from vramguard_operator.policy_handlers import gpu_pod_entry, node_entry
-from vramguard_operator.reconcile import OperatorConfig, Reconciler
+from vramguard_operator.controller import reconcile
+from vramguard_operator.controller.actions import Applier, EventRecorder, EvictionLimiter, KubeActions
+from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry
+from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.controller.policy_handlers import gpu_pod_entry, node_entry
+from vramguard_operator.controller.reconcile import OperatorConfig, Reconciler
+from vramguard_operator.engine.types import PodFacts
 
 from ..agent.stubapi import StubAPI
 from ..engine.builders import budget

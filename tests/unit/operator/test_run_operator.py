@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard_operator.cli import build_parser
-from vramguard_operator.run_operator import config_from_args
+from vramguard_operator.cli.main import build_parser
+from vramguard_operator.cli.run_operator import config_from_args
 
 
 def test_chart_arguments_parse_and_defaults_hold(monkeypatch):

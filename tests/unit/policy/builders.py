@@ -13,7 +13,7 @@ import yaml
 
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.shares import NodeFacts
+from vramguard_operator.policy.shares import NodeFacts
 
 ROOT = Path(__file__).resolve().parents[3]
 MI = 1 << 20

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from vramguard_api.budget import GPUMemoryBudget
-from vramguard_operator.ceilings import check_ceilings, effective_budget
-from vramguard_operator.policies import merge
-from vramguard_operator.validation import (
+from vramguard_operator.policy.ceilings import check_ceilings, effective_budget
+from vramguard_operator.policy.merge import merge
+from vramguard_operator.policy.validation import (
     check_budget,
     format_errors,
     throttled_jobs,

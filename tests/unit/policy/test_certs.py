@@ -11,7 +11,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from vramguard_operator.certs import (
+from vramguard_operator.controller.certs import (
     build_ca,
     build_server_cert,
     cert_problem,

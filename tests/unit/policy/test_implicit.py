@@ -7,9 +7,9 @@ import json
 
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.engine import evaluate
-from vramguard_operator.engine_types import ANNOTATION_MESSAGE, Annotate, EngineInput, PodFacts
-from vramguard_operator.implicit import (
+from vramguard_operator.engine.evaluate import evaluate
+from vramguard_operator.engine.types import ANNOTATION_MESSAGE, Annotate, EngineInput, PodFacts
+from vramguard_operator.policy.implicit import (
     ANNOTATION_LIMITS,
     IMPLICIT_LABEL,
     build_implicit,
@@ -19,7 +19,7 @@ from vramguard_operator.implicit import (
     limits_patches,
     read_limits,
 )
-from vramguard_operator.policies import MergedPolicy, merge
+from vramguard_operator.policy.merge import MergedPolicy, merge
 
 from .builders import GI, MI, NOW, device, node, pod, policy
 

@@ -9,7 +9,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from vramguard_operator.mutation import (
+from vramguard_operator.policy.merge import merge
+from vramguard_operator.policy.mutation import (
     ANNOTATION_INJECTED,
     DeviceFacts,
     admission_limit,
@@ -17,8 +18,7 @@ from vramguard_operator.mutation import (
     mutate_pod,
     xla_fraction,
 )
-from vramguard_operator.policies import merge
-from vramguard_operator.shares import EffectiveLimit, PodGPURequest
+from vramguard_operator.policy.shares import EffectiveLimit, PodGPURequest
 
 from .builders import GI, MI, device, node, pod, policy
 

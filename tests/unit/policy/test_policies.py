@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard_operator.policies import (
+from vramguard_operator.policy.merge import (
     MergedPolicy,
     exempt_by,
     merge,

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
-from vramguard_operator.engine_types import BudgetRef, BudgetStatusUpdate, PodFacts
-from vramguard_operator.implicit import ANNOTATION_LIMITS, IMPLICIT_LABEL
-from vramguard_operator.policies import merge
-from vramguard_operator.policy_handlers import gpu_pod_entry, status_patch
-from vramguard_operator.policy_plan import finish, limit_patches, prepare
+from vramguard_operator.controller.policy_handlers import gpu_pod_entry, status_patch
+from vramguard_operator.engine.types import BudgetRef, BudgetStatusUpdate, PodFacts
+from vramguard_operator.policy.implicit import ANNOTATION_LIMITS, IMPLICIT_LABEL
+from vramguard_operator.policy.merge import merge
+from vramguard_operator.policy.plan import finish, limit_patches, prepare
 
 from .builders import GI, device, node, pod, policy
 
@@ -85,7 +85,7 @@ def test_limit_patches_for_implicit_pods_only() -> None:
 
 
 def test_memory_writes_each_limits_value_once_and_forgets_gone_pods() -> None:
-    from vramguard_operator.policy_plan import PolicyMemory
+    from vramguard_operator.policy.plan import PolicyMemory
 
     budgets, pods, raw, merged = setup(policy("team", defaults={}))
     view = prepare(budgets, pods, raw, {"gpu-h100-ts": TS}, merged)
@@ -122,7 +122,7 @@ def test_status_patch() -> None:
 
 
 def test_desired_statuses_only_where_they_differ() -> None:
-    from vramguard_operator.policy_handlers import desired_statuses, policy_body
+    from vramguard_operator.controller.policy_handlers import desired_statuses, policy_body
 
     from .builders import NOW
 

@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from vramguard_operator.policies import MergedPolicy, merge
-from vramguard_operator.shares import (
+from vramguard_operator.policy.merge import MergedPolicy, merge
+from vramguard_operator.policy.shares import (
     EffectiveLimit,
     NodeFacts,
     PodGPURequest,

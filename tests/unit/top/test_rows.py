@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vramguard_operator.top_cmd import Snapshot, add_arguments, build_rows, render, rows_json, trend_text
+from vramguard_operator.cli.top import Snapshot, add_arguments, build_rows, render, rows_json, trend_text
 
 GI = 1 << 30
 MI = 1 << 20

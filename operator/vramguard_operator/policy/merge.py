@@ -41,9 +41,8 @@ from typing import Any, Generic, TypeVar
 from vramguard_api import conditions as C
 from vramguard_api.budget import Mode
 from vramguard_api.policy import GPUMemoryPolicy, GPUMemoryPolicyStatus
-
-from .budget_status import ConditionSpec, settle_conditions
-from .selectors import compile_selector
+from vramguard_operator.engine.budget_status import ConditionSpec, settle_conditions
+from vramguard_operator.engine.selectors import compile_selector
 
 T = TypeVar("T")
 

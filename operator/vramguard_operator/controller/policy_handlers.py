@@ -30,11 +30,10 @@ from pydantic import ValidationError
 
 from vramguard_api import conditions as C
 from vramguard_api.policy import GPUMemoryPolicy, GPUMemoryPolicyStatus
-
-from .budget_status import ConditionSpec, settle_conditions
-from .index_views import namespaces_of
-from .policies import HELD, policy_status
-from .shares import KAI_GPU_FRACTION, KAI_GPU_MEMORY, PodGPURequest
+from vramguard_operator.controller.index_views import namespaces_of
+from vramguard_operator.engine.budget_status import ConditionSpec, settle_conditions
+from vramguard_operator.policy.merge import HELD, policy_status
+from vramguard_operator.policy.shares import KAI_GPU_FRACTION, KAI_GPU_MEMORY, PodGPURequest
 
 GROUP, VERSION, POLICIES = "vramguard.io", "v1alpha1", "gpumemorypolicies"
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "aliyun.com/")

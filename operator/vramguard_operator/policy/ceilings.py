@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.limits import DeviceLimit, MemoryLimit
 from vramguard_api.units import format_bytes, quantity_to_bytes
-
-from .policies import MergedPolicy, Sourced
+from vramguard_operator.policy.merge import MergedPolicy, Sourced
 
 SOURCE_BUDGET = "budget"
 

@@ -23,10 +23,9 @@ from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudget, ViolationKind
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.units import format_bytes
-
-from .ceilings import CeilingCheck, FieldError, check_ceilings
-from .policies import merge
-from .selectors import Matcher, compile_selector
+from vramguard_operator.engine.selectors import Matcher, compile_selector
+from vramguard_operator.policy.ceilings import CeilingCheck, FieldError, check_ceilings
+from vramguard_operator.policy.merge import merge
 
 TOTAL_KINDS: frozenset[ViolationKind] = frozenset({"TotalVRAM", "TotalRAM"})
 BLOCKING_STEPS = frozenset({"Throttle", "Evict"})

@@ -9,7 +9,7 @@ marked by the framework. Every handler is ``async`` so that it runs on the
 event loop at once instead of queuing for a worker thread (latency).
 
 Run with ``vramguard operator`` (``run_operator``), or ``kopf run --standalone
--m vramguard_operator.handlers`` (settings then come from ``VRAMGUARD_*``
+-m vramguard_operator.controller.handlers`` (settings then come from ``VRAMGUARD_*``
 environment variables: ``reconcile.OperatorConfig.from_env``).
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from . import indexes
-from .actions import Applier, EventRecorder, EvictionLimiter, KubeActions
-from .metrics import Metrics
-from .reconcile import OperatorConfig, Reconciler
+from vramguard_operator.controller import indexes
+from vramguard_operator.controller.actions import Applier, EventRecorder, EvictionLimiter, KubeActions
+from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.controller.reconcile import OperatorConfig, Reconciler
 
 GROUP, VERSION = "vramguard.io", "v1alpha1"
 BUDGETS, POLICIES, REPORTS = "gpumemorybudgets", "gpumemorypolicies", "nodegpuusages"

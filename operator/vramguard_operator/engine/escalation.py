@@ -28,8 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, cast, get_args
 
 from vramguard_api.budget import ACTIONS, Action, GPUMemoryBudget, GPUMemoryBudgetSpec, ViolationKind
-
-from .engine_types import ViolationKey, ViolationRecord
+from vramguard_operator.engine.types import ViolationKey, ViolationRecord
 
 TOTAL_KINDS = frozenset({"TotalVRAM", "TotalRAM"})
 _KINDS = frozenset(get_args(ViolationKind))

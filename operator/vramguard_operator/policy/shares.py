@@ -39,12 +39,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
-from vramguard_api.units import format_bytes
+from vramguard_api.units import format_bytes, quantity_decimal
 from vramguard_api.usage import GPUDevice, NodeGPUUsage
-
-from .policies import MergedPolicy, Sourced
+from vramguard_operator.policy.merge import MergedPolicy, Sourced
 
 MiB = 1024**2
 GiB = 1024**3
@@ -296,7 +293,7 @@ def _number(raw: Any, where: str, problems: list[str]) -> Decimal | None:
     if raw is None:
         return None
     try:
-        return Decimal(parse_quantity(raw))
+        return quantity_decimal(raw)
     except (ValueError, TypeError, InvalidOperation):
         problems.append(f"{where}: invalid quantity {raw!r}")
         return None
@@ -361,8 +358,8 @@ def _aliyun_unit(node: NodeFacts | None) -> tuple[int, str]:
     more than 1024 units per GPU can only be MiB."""
     if node is not None:
         try:
-            total = Decimal(parse_quantity(node.allocatable[ALIYUN_GPU_MEM]))
-            count = Decimal(parse_quantity(node.allocatable.get(ALIYUN_GPU_COUNT, "1"))) or 1
+            total = quantity_decimal(node.allocatable[ALIYUN_GPU_MEM])
+            count = quantity_decimal(node.allocatable.get(ALIYUN_GPU_COUNT, "1")) or 1
             if total / count > 1024:
                 return MiB, "MiB"
         except (KeyError, ValueError, TypeError, InvalidOperation):

@@ -28,9 +28,24 @@ from vramguard_api.budget import (
 from vramguard_api.trend import TrendFeatures
 from vramguard_api.units import format_bytes
 from vramguard_api.usage import NodeGPUUsage, PodUsage
-
-from . import budget_status as bs
-from .engine_types import (
+from vramguard_operator.engine import budget_status as bs
+from vramguard_operator.engine.escalation import (
+    TOTAL_KINDS,
+    Ladder,
+    LadderStep,
+    format_time,
+    ladder_of,
+    merge_records,
+    records_from_annotation,
+    records_from_status,
+    records_to_annotation,
+    step_rank,
+    whole_seconds,
+)
+from vramguard_operator.engine.leak_rule import LeakThresholds, leak_cleared, leak_holds, seconds_to_limit
+from vramguard_operator.engine.selectors import compile_selector
+from vramguard_operator.engine.throttle import original_to_annotation, parse_original, plan_restore, plan_throttle
+from vramguard_operator.engine.types import (
     ANNOTATION_MESSAGE,
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_VIOLATIONS,
@@ -63,22 +78,6 @@ from .engine_types import (
     ViolationRecord,
     Warn,
 )
-from .escalation import (
-    TOTAL_KINDS,
-    Ladder,
-    LadderStep,
-    format_time,
-    ladder_of,
-    merge_records,
-    records_from_annotation,
-    records_from_status,
-    records_to_annotation,
-    step_rank,
-    whole_seconds,
-)
-from .leak_rule import LeakThresholds, leak_cleared, leak_holds, seconds_to_limit
-from .selectors import compile_selector
-from .throttle import original_to_annotation, parse_original, plan_restore, plan_throttle
 
 DataState = Literal["Fresh", "Stale", "Missing"]
 _VERB = {"Annotate": "annotate", "Throttle": "throttle", "Evict": "evict"}

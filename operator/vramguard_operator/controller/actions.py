@@ -42,8 +42,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from vramguard_api.policy import EvictionRateLimit
-
-from .engine_types import (
+from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.engine.types import (
     Annotate,
     BudgetRef,
     BudgetStatusUpdate,
@@ -58,8 +58,7 @@ from .engine_types import (
     Throttle,
     Warn,
 )
-from .implicit import is_implicit
-from .metrics import Metrics
+from vramguard_operator.policy.implicit import is_implicit
 
 log = logging.getLogger("vramguard.actions")
 

@@ -34,9 +34,9 @@ from vramguard_api.meta import LabelSelector
 from vramguard_api.trend import TrendFeatures, compute_trend
 from vramguard_api.units import format_bytes, quantity_to_bytes
 from vramguard_api.usage import NodeGPUUsage
-
-from .engine import evaluate
-from .engine_types import (
+from vramguard_operator.engine.evaluate import evaluate
+from vramguard_operator.engine.selectors import compile_selector
+from vramguard_operator.engine.types import (
     ContainerFacts,
     Decision,
     DryRunStep,
@@ -49,7 +49,6 @@ from .engine_types import (
     Recover,
     Throttle,
 )
-from .selectors import compile_selector
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # so that now.timestamp() == t_seconds
 NODE = "replay-node"

@@ -13,10 +13,10 @@ import sys
 
 # subcommand -> (module, help); each module defines add_arguments(parser) and run(args) -> int
 SUBCOMMANDS = {
-    "operator": ("vramguard_operator.run_operator", "run the operator (kopf) with its webhooks"),
-    "analyze": ("vramguard_operator.analyze_cmd", "say whether a VRAM log shows a leak"),
-    "replay": ("vramguard_operator.replay_cmd", "replay recorded usage against a budget offline"),
-    "top": ("vramguard_operator.top_cmd", "show pods, their usage and their budgets"),
+    "operator": ("vramguard_operator.cli.run_operator", "run the operator (kopf) with its webhooks"),
+    "analyze": ("vramguard_operator.cli.analyze", "say whether a VRAM log shows a leak"),
+    "replay": ("vramguard_operator.cli.replay", "replay recorded usage against a budget offline"),
+    "top": ("vramguard_operator.cli.top", "show pods, their usage and their budgets"),
 }
 
 

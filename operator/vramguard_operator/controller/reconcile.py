@@ -36,12 +36,12 @@ from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
 from vramguard_api.policy import EvictionRateLimit, GPUMemoryPolicy
 from vramguard_api.units import parse_duration
-
-from . import budget_status as bs
-from . import policy_plan
-from .actions import Applier, ApplyContext, ApplyResult, EvictionLimiter
-from .engine import evaluate
-from .engine_types import (
+from vramguard_operator.controller.actions import Applier, ApplyContext, ApplyResult, EvictionLimiter
+from vramguard_operator.controller.indexes import BudgetEntry, Overlay, Snapshot, Versioned, has_vramguard_state
+from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.engine import budget_status as bs
+from vramguard_operator.engine.evaluate import evaluate
+from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     BudgetRef,
     BudgetStatusUpdate,
@@ -51,9 +51,8 @@ from .engine_types import (
     EngineOutput,
     PodFacts,
 )
-from .indexes import BudgetEntry, Overlay, Snapshot, Versioned, has_vramguard_state
-from .metrics import Metrics
-from .policies import merge, selector_problems
+from vramguard_operator.policy import plan as policy_plan
+from vramguard_operator.policy.merge import merge, selector_problems
 
 log = logging.getLogger("vramguard.reconcile")
 
@@ -88,7 +87,7 @@ class OperatorConfig:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
         """Settings from ``VRAMGUARD_*`` environment variables (Go durations),
         for an operator started without the ``vramguard operator`` command (for
-        example ``kopf run -m vramguard_operator.handlers``). Raises ``ValueError``
+        example ``kopf run -m vramguard_operator.controller.handlers``). Raises ``ValueError``
         naming the variable on a bad value."""
         d = cls()
 

@@ -40,9 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramguard_api.units import format_bytes
-
-from .policies import MergedPolicy
-from .shares import (
+from vramguard_operator.policy.merge import MergedPolicy
+from vramguard_operator.policy.shares import (
     RESOURCE_GPU,
     EffectiveLimit,
     MiB,

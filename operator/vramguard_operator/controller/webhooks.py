@@ -40,13 +40,13 @@ from typing import Any
 import jsonpatch
 import kopf
 
-from . import handlers, policy_handlers  # noqa: F401  (register the indexes read here)
-from .certs import TLSFiles, ensure_certificates
-from .index_views import budgets_of, labels_of, nodes_of, policies_of
-from .mutation import admission_limit, mutate_pod
-from .policies import merge
-from .shares import PodGPURequest, candidate_nodes
-from .validation import check_budget, format_errors, throttled_jobs, validate_pod
+from vramguard_operator.controller import handlers, policy_handlers  # noqa: F401  (register the indexes read here)
+from vramguard_operator.controller.certs import TLSFiles, ensure_certificates
+from vramguard_operator.controller.index_views import budgets_of, labels_of, nodes_of, policies_of
+from vramguard_operator.policy.merge import merge
+from vramguard_operator.policy.mutation import admission_limit, mutate_pod
+from vramguard_operator.policy.shares import PodGPURequest, candidate_nodes
+from vramguard_operator.policy.validation import check_budget, format_errors, throttled_jobs, validate_pod
 
 GROUP, VERSION, BUDGETS = "vramguard.io", "v1alpha1", "gpumemorybudgets"
 MANAGED_NAME = "vramguard.io"

@@ -36,15 +36,14 @@ from vramguard_api.budget import DEFAULT_WARNING_THRESHOLD, GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.units import format_bytes, parse_duration
 from vramguard_api.usage import GPUDevice, PodUsage
-
-from .ceilings import effective_budget
-from .engine_types import ANNOTATION_ORIGINAL_CPU, ANNOTATION_VIOLATIONS
-from .escalation import records_from_annotation
-from .implicit import read_limits
-from .indexes import budget_entry, policy_entry, report_entry, report_node
-from .policies import merge
-from .selectors import compile_selector
-from .shares import PodGPURequest
+from vramguard_operator.controller.indexes import budget_entry, policy_entry, report_entry, report_node
+from vramguard_operator.engine.escalation import records_from_annotation
+from vramguard_operator.engine.selectors import compile_selector
+from vramguard_operator.engine.types import ANNOTATION_ORIGINAL_CPU, ANNOTATION_VIOLATIONS
+from vramguard_operator.policy.ceilings import effective_budget
+from vramguard_operator.policy.implicit import read_limits
+from vramguard_operator.policy.merge import merge
+from vramguard_operator.policy.shares import PodGPURequest
 
 GROUP, VERSION = "vramguard.io", "v1alpha1"
 DEFAULT_FRESHNESS_S = 60.0

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
-from kubernetes.utils import parse_quantity
-
-from .engine_types import ContainerCPU, PodFacts
+from vramguard_api.units import quantity_decimal
+from vramguard_operator.engine.types import ContainerCPU, PodFacts
 
 Original = dict[str, dict[str, str | None]]
 
@@ -41,7 +40,7 @@ class ThrottlePlan:
 
 
 def _cpu(value: str) -> Decimal:
-    return Decimal(parse_quantity(value))
+    return quantity_decimal(value)
 
 
 def _valid_cpu(value: object) -> bool:

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from vramguard_api.cliargs import duration_arg as _duration
 from vramguard_api.policy import EvictionRateLimit
 from vramguard_api.units import parse_duration
-
-from .reconcile import OperatorConfig
+from vramguard_operator.controller.reconcile import OperatorConfig
 
 log = logging.getLogger("vramguard.operator")
 
@@ -179,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     # Importing registers the handlers with kopf's default registry.
-    from . import handlers, policy_handlers  # noqa: F401
+    from vramguard_operator.controller import handlers, policy_handlers  # noqa: F401
 
     try:
         config = config_from_args(args)
@@ -194,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
     webhook = None
     if args.webhook_port is not None:
-        from . import webhooks
+        from vramguard_operator.controller import webhooks
 
         # Flags for what the chart sets; VRAMGUARD_WEBHOOK_* for the rest (address, host, managed).
         env = {**os.environ, "VRAMGUARD_WEBHOOK_PORT": str(args.webhook_port)}

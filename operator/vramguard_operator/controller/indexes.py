@@ -27,8 +27,7 @@ from pydantic import ValidationError
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-
-from .engine_types import ANNOTATION_PREFIX, PodFacts
+from vramguard_operator.engine.types import ANNOTATION_PREFIX, PodFacts
 
 T = TypeVar("T")
 

@@ -25,10 +25,9 @@ from typing import Any
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-
-from .ceilings import SOURCE_BUDGET, effective_budget
-from .engine_types import BudgetStatusUpdate, PodFacts, PodRef
-from .implicit import (
+from vramguard_operator.engine.types import BudgetStatusUpdate, PodFacts, PodRef
+from vramguard_operator.policy.ceilings import SOURCE_BUDGET, effective_budget
+from vramguard_operator.policy.implicit import (
     ANNOTATION_LIMITS,
     IMPLICIT_UID_PREFIX,
     ImplicitBudget,
@@ -37,8 +36,8 @@ from .implicit import (
     label_pods,
     limits_patches,
 )
-from .policies import MergedPolicy, merge
-from .shares import NodeFacts
+from vramguard_operator.policy.merge import MergedPolicy, merge
+from vramguard_operator.policy.shares import NodeFacts
 
 
 @dataclass(frozen=True, slots=True)

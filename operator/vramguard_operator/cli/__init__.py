@@ -1,0 +1,2 @@
+"""The ``vramguard`` command and its subcommands (``operator``, ``top``,
+``replay``, ``analyze``)."""

@@ -94,36 +94,24 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
+# The per-device gauges: key -> (name, help), in exposition order.
+_DEVICE_GAUGES = {
+    "total": ("vramguard_gpu_memory_total_bytes", "Total framebuffer memory (NVML)."),
+    "reserved": ("vramguard_gpu_memory_reserved_bytes", "Reserved framebuffer memory (NVML v2)."),
+    "usable": ("vramguard_gpu_memory_usable_bytes", "Usable memory: total minus reserved."),
+    "used": ("vramguard_gpu_memory_used_bytes", "Used framebuffer memory (NVML)."),
+    "process": ("vramguard_gpu_process_memory_bytes", "Sum of per-process memory."),
+    "complete": ("vramguard_gpu_processes_complete", "1 when every process's memory is known and accounted."),
+    "healthy": ("vramguard_gpu_healthy", "1 when the device answers NVML."),
+    "unattributed": ("vramguard_gpu_unattributed_memory_bytes", "Memory of GPU processes in no pod."),
+}
+
+
 def _device_families(snap: Snapshot) -> Iterator[Metric]:
     assert snap.status is not None
     status, node = snap.status, snap.node
     by_uuid = {d.uuid: d for d in status.devices}
-    families = {
-        "total": _gauge("vramguard_gpu_memory_total_bytes", "Total framebuffer memory (NVML).", DEVICE_LABELS),
-        "reserved": _gauge(
-            "vramguard_gpu_memory_reserved_bytes",
-            "Reserved framebuffer memory (NVML v2).",
-            DEVICE_LABELS,
-        ),
-        "usable": _gauge(
-            "vramguard_gpu_memory_usable_bytes",
-            "Usable memory: total minus reserved.",
-            DEVICE_LABELS,
-        ),
-        "used": _gauge("vramguard_gpu_memory_used_bytes", "Used framebuffer memory (NVML).", DEVICE_LABELS),
-        "process": _gauge("vramguard_gpu_process_memory_bytes", "Sum of per-process memory.", DEVICE_LABELS),
-        "complete": _gauge(
-            "vramguard_gpu_processes_complete",
-            "1 when every process's memory is known and accounted.",
-            DEVICE_LABELS,
-        ),
-        "healthy": _gauge("vramguard_gpu_healthy", "1 when the device answers NVML.", DEVICE_LABELS),
-        "unattributed": _gauge(
-            "vramguard_gpu_unattributed_memory_bytes",
-            "Memory of GPU processes in no pod.",
-            DEVICE_LABELS,
-        ),
-    }
+    families = {key: _gauge(name, doc, DEVICE_LABELS) for key, (name, doc) in _DEVICE_GAUGES.items()}
     unattributed: dict[str, int] = {}
     for u in status.unattributed:
         unattributed[u.device] = unattributed.get(u.device, 0) + (u.used_bytes or 0)
@@ -141,7 +129,12 @@ def _device_families(snap: Snapshot) -> Iterator[Metric]:
         families["complete"].add_metric(labels, 1 if d.processes_complete else 0)
         families["healthy"].add_metric(labels, 1 if d.health == "Healthy" else 0)
         families["unattributed"].add_metric(labels, unattributed.get(d.uuid, 0))
-    container_family = _gauge(
+    yield from families.values()
+    yield _container_family(snap, by_uuid)
+
+
+def _container_family(snap: Snapshot, by_uuid: dict[str, GPUDevice]) -> Metric:
+    family = _gauge(
         "vramguard_container_gpu_memory_used_bytes",
         "A container's GPU memory on one device.",
         [*DEVICE_LABELS, "namespace", "pod", "container"],
@@ -149,12 +142,8 @@ def _device_families(snap: Snapshot) -> Iterator[Metric]:
     for c in snap.container_devices():
         device = by_uuid.get(c.device_uuid)
         if device is not None:
-            container_family.add_metric(
-                [*_device_labels(device, by_uuid, node), c.namespace, c.pod, c.container],
-                c.used_bytes,
-            )
-    yield from families.values()
-    yield container_family
+            family.add_metric([*_device_labels(device, by_uuid, snap.node), c.namespace, c.pod, c.container], c.used_bytes)
+    return family
 
 
 def _pod_families(snap: Snapshot) -> Iterator[Metric]:

@@ -22,13 +22,14 @@ from vramguard_api.meta import Condition
 from vramguard_api.usage import AgentInfo, NodeGPUUsageStatus
 
 from . import __version__
+from .aggregation import Aggregation, aggregate
 from .cgroups import Attribution, NotInPod, attribute_pid
 from .gpu import BackendUnavailable, GPUBackend, GPUSample
 from .history import HistoryStore
 from .memory import CgroupMemoryReader
 from .metrics import ContainerDeviceUsage
 from .pods import PodMeta
-from .report import DEFAULT_BOUNDS, Aggregation, Bounds, NodeReport, PodInputs, aggregate, build_report
+from .report import DEFAULT_BOUNDS, Bounds, NodeReport, PodInputs, build_report
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class Sampler:
         self._conditions: list[Condition] | None = None
         self._invisible = 0
         # Device UUID -> pods seen on it in its last good listing; kept while the
-        # device fails, so its pods stay Unknown (report.aggregate).
+        # device fails, so its pods stay Unknown (aggregation.aggregate).
         self._last_seen: dict[str, set[str]] = {}
 
     def sample(self) -> SampleResult:

@@ -156,7 +156,8 @@ def phases(sampler: Sampler, timed: Timed, now: list[float], samples: int = 30) 
     one by one, with trend features cached), and of the publish decision's digest."""
     from datetime import UTC, datetime
 
-    from vramguard_agent.report import PodInputs, aggregate, build_report
+    from vramguard_agent.aggregation import aggregate
+    from vramguard_agent.report import PodInputs, build_report
     from vramguard_api.usage import AgentInfo
 
     agent = AgentInfo(version="bench", backend="nvml", sampleIntervalSeconds=10)

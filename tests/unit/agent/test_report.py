@@ -5,18 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from vramguard_agent.aggregation import MISSING_MIN_BYTES, aggregate, processes_short
 from vramguard_agent.cgroups import Attribution, NotInPod
 from vramguard_agent.gpu import DeviceSample, GPUProcess, GPUSample, MemoryInfo
 from vramguard_agent.memory import CgroupMemory, PodMemory
 from vramguard_agent.pods import PodMeta
-from vramguard_agent.report import (
-    MISSING_MIN_BYTES,
-    Bounds,
-    PodInputs,
-    aggregate,
-    build_report,
-    processes_short,
-)
+from vramguard_agent.report import Bounds, PodInputs, build_report
 from vramguard_api.trend import TrendFeatures
 from vramguard_api.usage import AgentInfo, NodeGPUUsageStatus
 

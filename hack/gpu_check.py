@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -234,16 +235,31 @@ def check(args: argparse.Namespace) -> int:
     return report(args, method, pid, before, during, raw, attribution.stdout.strip() or attribution.stderr.strip())
 
 
-def report(
+@dataclass(frozen=True)
+class Figures:
+    """What the check compares, bytes: the holder's usage (agent, raw NVML) and its device's."""
+
+    requested: int
+    listed: bool  # the holder is in the agent's report (unattributed, or its pod grew)
+    device: str | None  # the holder's device UUID
+    measured: int | None  # the agent's figure for the holder
+    raw_bytes: int | None  # raw NVML's figure for the holder
+    used_before: int
+    used_during: int
+    pod_uid: str | None  # set when the check runs inside a pod
+    info: dict[str, Any]  # the device in the agent's report during the hold
+    conditions: dict[str, Any]  # the report's conditions by type
+
+
+def figures(
     args: argparse.Namespace,
-    method: str,
     pid: int,
     before: dict[str, Any],
     during: dict[str, Any],
     raw: dict[str, int | None],
     attribution: str,
-) -> int:
-    requested = args.mib * MIB
+) -> Figures:
+    """The figures of one run, from the agent's reports before and during the hold."""
     listed = pid_usage(during, pid)
     device = listed[0]["device"] if listed else next(iter(raw), None)
     measured = listed[0].get("usedBytes") if listed else None
@@ -255,36 +271,52 @@ def report(
         # Inside a pod the report sums by pod: the holder is the pod's growth on the device.
         grown = pod_device_usage(during, pod_uid).get(device, 0) - pod_device_usage(before, pod_uid).get(device, 0)
         listed, measured = [{"device": device}], grown
-    raw_bytes = raw.get(device) if device else None
-    used0, used1 = device_used(before).get(device or "", 0), device_used(during).get(device or "", 0)
-    info = next((d for d in during.get("devices", []) if d["uuid"] == device), {})
-    memory = info.get("memory") or {}
-    conditions = {c["type"]: c for c in during.get("conditions", [])}
+    return Figures(
+        requested=args.mib * MIB,
+        listed=bool(listed),
+        device=device,
+        measured=measured,
+        raw_bytes=raw.get(device) if device else None,
+        used_before=device_used(before).get(device or "", 0),
+        used_during=device_used(during).get(device or "", 0),
+        pod_uid=pod_uid,
+        info=next((d for d in during.get("devices", []) if d["uuid"] == device), {}),
+        conditions={c["type"]: c for c in during.get("conditions", [])},
+    )
+
+
+def print_figures(args: argparse.Namespace, method: str, pid: int, during: dict[str, Any], f: Figures, attribution: str) -> None:
+    """Print the expected and measured figures side by side, MiB."""
+    memory = f.info.get("memory") or {}
+    agent = during.get("agent") or {}
+    rows = [
+        ("", "     MiB"),
+        ("expected: requested allocation", mib(f.requested)),
+        ("measured: agent, the holder's usage", mib(f.measured)),
+        ("measured: raw NVML, the holder's usage", mib(f.raw_bytes)),
+        ("overhead (CUDA context, pools)", mib(None if f.measured is None else f.measured - f.requested)),
+        ("device used before", mib(f.used_before)),
+        ("device used during", mib(f.used_during)),
+        ("device used delta", mib(f.used_during - f.used_before)),
+        ("device total", mib(memory.get("totalBytes"))),
+        ("device reserved", mib(memory.get("reservedBytes"))),
+        ("device usable (total - reserved)", mib(memory.get("usableBytes"))),
+    ]
     print(
-        f"\nvramguard GPU check on {socket.gethostname()}: {info.get('modelName', '?')}, driver "
-        f"{(during.get('agent') or {}).get('driverVersion')}, agent {(during.get('agent') or {}).get('version')}"
-        f"\nholder: {method}, pid {pid}, {args.mib} MiB requested on CUDA device {args.device} -> {device}"
-        + "".join(
-            f"\n  {label:<42}{value}"
-            for label, value in [
-                ("", "     MiB"),
-                ("expected: requested allocation", mib(requested)),
-                ("measured: agent, the holder's usage", mib(measured)),
-                ("measured: raw NVML, the holder's usage", mib(raw_bytes)),
-                ("overhead (CUDA context, pools)", mib(None if measured is None else measured - requested)),
-                ("device used before", mib(used0)),
-                ("device used during", mib(used1)),
-                ("device used delta", mib(used1 - used0)),
-                ("device total", mib(memory.get("totalBytes"))),
-                ("device reserved", mib(memory.get("reservedBytes"))),
-                ("device usable (total - reserved)", mib(memory.get("usableBytes"))),
-            ]
-        )
+        f"\nvramguard GPU check on {socket.gethostname()}: {f.info.get('modelName', '?')}, driver "
+        f"{agent.get('driverVersion')}, agent {agent.get('version')}"
+        f"\nholder: {method}, pid {pid}, {args.mib} MiB requested on CUDA device {args.device} -> {f.device}"
+        + "".join(f"\n  {label:<42}{value}" for label, value in rows)
         + f"\n  attribution of pid {pid}: {attribution}"
     )
-    checks = [
-        (f"holder pid {pid} in the agent's report ({'in its pod' if pod_uid else 'unattributed'})", bool(listed)),
-        ("agent figure equals raw NVML", measured is not None and measured == raw_bytes),
+
+
+def checks(args: argparse.Namespace, pid: int, f: Figures) -> list[tuple[str, bool]]:
+    """Each check's name and whether it passed (see the module docstring)."""
+    measured, requested, grown = f.measured, f.requested, f.used_during - f.used_before
+    return [
+        (f"holder pid {pid} in the agent's report ({'in its pod' if f.pod_uid else 'unattributed'})", f.listed),
+        ("agent figure equals raw NVML", measured is not None and measured == f.raw_bytes),
         ("measured >= requested", measured is not None and measured >= requested),
         (
             f"overhead below {args.max_overhead_mib} MiB",
@@ -292,20 +324,35 @@ def report(
         ),
         (
             "device used grew by the holder's usage (within 10% or 256 MiB)",
-            measured is not None and abs((used1 - used0) - measured) <= max(256 * MIB, 0.1 * measured),
+            measured is not None and abs(grown - measured) <= max(256 * MIB, 0.1 * measured),
         ),
-        ("device Healthy", info.get("health") == "Healthy"),
-        ("ProcessesMissing is False", conditions.get("ProcessesMissing", {}).get("status") == "False"),
+        ("device Healthy", f.info.get("health") == "Healthy"),
+        ("ProcessesMissing is False", f.conditions.get("ProcessesMissing", {}).get("status") == "False"),
     ]
+
+
+def report(
+    args: argparse.Namespace,
+    method: str,
+    pid: int,
+    before: dict[str, Any],
+    during: dict[str, Any],
+    raw: dict[str, int | None],
+    attribution: str,
+) -> int:
+    """Print the figures and the checks; 0 when every check passed, else 1."""
+    f = figures(args, pid, before, during, raw, attribution)
+    print_figures(args, method, pid, during, f, attribution)
+    results = checks(args, pid, f)
     print("\nchecks:")
-    for name, ok in checks:
+    for name, ok in results:
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
-    if not listed:
+    if not f.listed:
         print(
             "  note: NVML reports host PIDs; inside a container without hostPID the holder's pid differs "
             "from NVML's (compare the device used delta above)."
         )
-    passed = all(ok for _, ok in checks)
+    passed = all(ok for _, ok in results)
     print(f"\nRESULT: {'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1
 

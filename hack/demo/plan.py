@@ -254,7 +254,8 @@ def workload_of(pod: Mapping[str, Any]) -> str:
     return f"Pod {meta.get('name')}"
 
 
-def _event_time(e: Mapping[str, Any]) -> datetime | None:
+def event_time(e: Mapping[str, Any]) -> datetime | None:
+    """When an Event (API-form dict) happened: its first, event or last timestamp; None without one."""
     raw = e.get("firstTimestamp") or e.get("eventTime") or e.get("lastTimestamp")
     if not raw:
         return None
@@ -282,13 +283,13 @@ def outcomes(
             meta = pod["metadata"]
             result[uid] = PodOutcome(plan.id + "~new", meta["namespace"], meta["name"], workload_of(pod))
     ordered = sorted(
-        (e for e in events if _from_vramguard(e) and (e.get("involvedObject") or {}).get("kind") == "Pod"),
-        key=lambda e: (_event_time(e) or _EPOCH, (e.get("metadata") or {}).get("name", "")),
+        (e for e in events if from_vramguard(e) and (e.get("involvedObject") or {}).get("kind") == "Pod"),
+        key=lambda e: (event_time(e) or _EPOCH, (e.get("metadata") or {}).get("name", "")),
     )
     for e in ordered:
         target = result.get((e.get("involvedObject") or {}).get("uid") or "")
         if target is not None:
-            target.events.append(EventLine(e.get("reason") or "", e.get("message") or "", _event_time(e),
+            target.events.append(EventLine(e.get("reason") or "", e.get("message") or "", event_time(e),
                                            int(e.get("count") or 1)))
     return list(result.values())
 
@@ -297,11 +298,11 @@ def budget_only_events(events: Iterable[Mapping[str, Any]]) -> list[tuple[str, E
     """vramguard's Events on budgets that no pod got a copy of (the engine posts
     each pod's Event on its budget too; a total's recovery only on the budget),
     as (budget name, Event), oldest first."""
-    mine = [e for e in events if _from_vramguard(e)]
+    mine = [e for e in events if from_vramguard(e)]
     on_pods = {(e.get("reason"), e.get("message")) for e in mine if (e.get("involvedObject") or {}).get("kind") == "Pod"}
     out = [
         ((e.get("involvedObject") or {}).get("name") or "",
-         EventLine(e.get("reason") or "", e.get("message") or "", _event_time(e), int(e.get("count") or 1)))
+         EventLine(e.get("reason") or "", e.get("message") or "", event_time(e), int(e.get("count") or 1)))
         for e in mine
         if (e.get("involvedObject") or {}).get("kind") == "GPUMemoryBudget"
         and (e.get("reason"), e.get("message")) not in on_pods
@@ -309,7 +310,8 @@ def budget_only_events(events: Iterable[Mapping[str, Any]]) -> list[tuple[str, E
     return sorted(out, key=lambda x: (x[1].time or _EPOCH, x[0]))
 
 
-def _from_vramguard(e: Mapping[str, Any]) -> bool:
+def from_vramguard(e: Mapping[str, Any]) -> bool:
+    """Whether an Event (API-form dict) was posted by vramguard (its source or reporting component)."""
     return (e.get("source") or {}).get("component") == COMPONENT or e.get("reportingComponent") == COMPONENT
 
 

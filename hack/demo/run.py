@@ -28,13 +28,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,44 +43,17 @@ ROOT = HERE.parents[1]
 SOURCE_ROOTS = [str(ROOT / d) for d in ("api", "operator", "agent")]
 sys.path[:0] = [str(HERE), *SOURCE_ROOTS]
 
-import plan as P  # noqa: E402  (hack/demo/plan.py)
+# The runner's parts, next to it in hack/demo/: plan (pure), cluster, children, view.
+import plan as P  # noqa: E402
+import view  # noqa: E402
 import yaml  # noqa: E402
-from kubernetes import client, config  # noqa: E402
+from children import Children, free_port  # noqa: E402
+from cluster import Cluster  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
+from view import span  # noqa: E402
 
-from vramguard_operator.cli import top as top_cmd  # noqa: E402
-
-CACHE = Path(os.environ.get("VG_CACHE", Path.home() / ".cache" / "vramguard"))
-GROUP, VERSION = "vramguard.io", "v1alpha1"
 TABLE_EVERY_S = 30.0  # the table in a log (not a terminal), wall clock
 REDRAW_EVERY_S = 2.0  # the screen in a terminal
-
-
-def _die_with_parent() -> None:
-    """In a child before exec: get SIGTERM when the runner dies, however it dies,
-    so that nothing it started keeps running (Linux; elsewhere a no-op)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def span(seconds: float) -> str:
-    """``1h05m``, ``4m30s``, ``42s``."""
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 class Demo:
@@ -92,19 +64,14 @@ class Demo:
         self.sc = scenario
         self.duration_s = args.duration or (scenario.short_duration_s if args.short else scenario.duration_s)
         self.speed = args.speed or scenario.speed
-        self.workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
+        self.children = Children(Path(tempfile.mkdtemp(prefix="vramguard-demo-")))
+        self.cluster = Cluster(self.say)
         self.tty = sys.stdout.isatty() and not args.plain
         self.t_start = time.monotonic()
         self.t_agents: float | None = None
-        self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
-        self.kubeconfig = ""
-        self.started_cluster = False
-        self.created_examples: list[str] = []
-        self.api: Any = None
         self.resolved: P.Resolved | None = None
         self.seen_pods: dict[str, dict[str, Any]] = {}
-        self.events: dict[str, dict[str, Any]] = {}
-        self.shown: set[tuple[str, int]] = set()
+        self.feed = view.EventFeed()
         self.recent: list[str] = []
         self.health_port = free_port()
         self.wall_agents: datetime | None = None
@@ -123,70 +90,8 @@ class Demo:
 
     # -- the cluster
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["kubectl", "--kubeconfig", self.kubeconfig, *args],
-            input=input, capture_output=True, text=True, check=check, timeout=180,
-        )
-
-    def ensure_cluster(self) -> None:
-        kubeconfig = os.environ.get("VG_KUBECONFIG") or str(CACHE / "kubeconfig")
-        was_up = Path(kubeconfig).exists() and subprocess.run(
-            ["kubectl", "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"], capture_output=True, timeout=30
-        ).returncode == 0
-        self.say("local cluster: " + ("up, reused" if was_up else "starting it (hack/cluster/up.sh)"))
-        up = subprocess.run([str(ROOT / "hack/cluster/up.sh")], capture_output=True, text=True, timeout=900)
-        self.started_cluster = not was_up
-        if up.returncode != 0:
-            raise RuntimeError(f"hack/cluster/up.sh failed:\n{up.stdout}\n{up.stderr}")
-        self.kubeconfig = up.stdout.strip().splitlines()[-1].removeprefix("export KUBECONFIG=")
-        self.api = config.new_client_from_config(config_file=self.kubeconfig)
-
-    def install(self) -> None:
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-        crds = [f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.vramguard.io" for p in (ROOT / "crds").glob("*.yaml")]
-        self.kubectl("wait", "--for=condition=Established", *crds, "--timeout=60s")
-        examples = str(ROOT / "examples")
-        before = set(self.kubectl("get", "-f", examples, "-o", "name", "--ignore-not-found").stdout.split())
-        self.kubectl("apply", "-f", examples)
-        after = set(self.kubectl("get", "-f", examples, "-o", "name").stdout.split())
-        self.created_examples = sorted(after - before)
-        self.say(f"installed the CRDs and examples/ ({len(after)} objects, {len(self.created_examples)} new)")
-
-    def create_workloads(self) -> None:
-        for ns in self.sc.namespaces:  # a previous run that was killed
-            if self.kubectl("get", "namespace", ns, "--ignore-not-found", "-o", "name").stdout.strip():
-                self.say(f"deleting namespace {ns} left by an earlier run")
-                self.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
-        docs: list[Mapping[str, Any]] = [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": dict(labels)}}
-            for ns, labels in self.sc.namespaces.items()
-        ]
-        docs += list(self.sc.objects)
-        text = yaml.safe_dump_all(docs)
-        deadline = time.monotonic() + 120
-        while True:
-            # Another suite's admission webhook (a chart being installed) can refuse for a while.
-            applied = self.kubectl("apply", "-f", "-", input=text, check=False)
-            if applied.returncode == 0 or time.monotonic() > deadline:
-                break
-            self.say("the API server refused some objects; retrying in 5 s: "
-                     + (applied.stderr.strip().splitlines() or ["?"])[0][:300])
-            time.sleep(5)
-        if applied.returncode != 0:
-            raise RuntimeError(f"kubectl apply failed:\n{applied.stderr}")
-        out = applied.stdout
-        self.say(f"created {len(docs)} objects: namespaces {', '.join(self.sc.namespaces)}, "
-                 f"policy, budgets, workloads")
-        if self.args.verbose:
-            print(out)
-
     def pods(self) -> list[dict[str, Any]]:
-        core = client.CoreV1Api(self.api)
-        out = []
-        for ns in self.sc.namespaces:
-            r: Any = core.list_namespaced_pod(ns, _preload_content=False)  # the raw response: API-form dicts
-            out += json.loads(r.data)["items"]
+        out = self.cluster.pods(list(self.sc.namespaces))
         for p in out:
             self.seen_pods[p["metadata"]["uid"]] = p
         return out
@@ -195,7 +100,7 @@ class Demo:
         deadline = time.monotonic() + timeout_s
         while True:
             pods = self.pods()
-            self.kubelet(pods)
+            self.cluster.kubelet(pods)
             try:
                 resolved = P.resolve(self.sc, pods)
                 break
@@ -207,61 +112,39 @@ class Demo:
                  f"{', '.join(sorted({p['spec']['nodeName'] for p in resolved.pods.values()}))}")
         return resolved
 
-    def kubelet(self, pods: Sequence[Mapping[str, Any]]) -> None:
-        """The kubelet stand-in: report container resources (see plan.kubelet_status_patch)."""
-        core = client.CoreV1Api(self.api)
-        for pod in pods:
-            patch = P.kubelet_status_patch(pod)
-            if patch is None:
-                continue
-            meta = pod["metadata"]
-            try:
-                core.patch_namespaced_pod_status(meta["name"], meta["namespace"], patch,
-                                                 _content_type="application/merge-patch+json")
-            except ApiException as err:
-                if err.status not in (404, 409, 422):
-                    raise
-
     # -- processes
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": os.pathsep.join(SOURCE_ROOTS),
+        return {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, "PYTHONPATH": os.pathsep.join(SOURCE_ROOTS),
                 "PYTHONUNBUFFERED": "1"}
-
-    def spawn(self, name: str, argv: list[str]) -> None:
-        log = self.workdir / f"{name}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-        self.procs.append((name, proc, log))
 
     def start_processes(self, resolved: P.Resolved) -> None:
         """The operator first (so that the scenario's clock starts once it watches),
         then one simulated agent per node."""
-        scenario_file = self.workdir / "agents-scenario.yaml"
+        scenario_file = self.children.workdir / "agents-scenario.yaml"
         scenario_file.write_text(yaml.safe_dump(resolved.agent_scenario, sort_keys=False))
         ns_flags = [a for ns in self.sc.namespaces for a in ("-n", ns)]
-        self.spawn("operator", [
+        self.children.spawn("operator", [
             sys.executable, "-m", "vramguard_operator", "operator", *ns_flags,
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
             f"--metrics-port={free_port()}", "--metrics-address=127.0.0.1",
             "--evaluation-period=1s", "--debounce=50ms", "--eviction-retry=5s", "--watch-timeout=60s",
-        ])
-        self.say(f"started the operator (watching {', '.join(self.sc.namespaces)}); logs in {self.workdir}")
+        ], self.env())
+        self.say(f"started the operator (watching {', '.join(self.sc.namespaces)}); logs in {self.children.workdir}")
         deadline = time.monotonic() + 120
         while not self.operator_evaluating():
-            self.check_processes()
+            self.children.check()
             if time.monotonic() > deadline:
                 raise RuntimeError("the operator did not start evaluating within 120 s")
             time.sleep(0.5)
         interval_ms = int(round(self.sc.sample_interval_s * 1000))
         for node in self.sc.node_names:
-            self.spawn(f"agent-{node}", [
+            self.children.spawn(f"agent-{node}", [
                 sys.executable, "-m", "vramguard_agent", "run", "--backend", "sim",
-                "--scenario", str(scenario_file), "--node", node, "--kubeconfig", self.kubeconfig,
+                "--scenario", str(scenario_file), "--node", node, "--kubeconfig", self.cluster.kubeconfig,
                 "--sim-speed", f"{self.speed:g}", "--sample-interval", f"{interval_ms}ms",
                 "--min-report-interval", "1s", "--heartbeat", "10s", "--metrics-address", "",
-            ])
+            ], self.env())
         self.t_agents = time.monotonic()
         self.wall_agents = datetime.now(UTC)
         self.say(f"the operator is evaluating; started {len(self.sc.node_names)} simulated agents "
@@ -274,67 +157,14 @@ class Demo:
         except (OSError, ValueError):
             return False
 
-    def check_processes(self) -> None:
-        for name, proc, log in self.procs:
-            if proc.poll() is not None:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
-
-    def stop_processes(self) -> None:
-        for _, proc, _ in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 20
-        for _, proc, _ in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-
     # -- the live view
 
     def poll_events(self) -> list[dict[str, Any]]:
-        """New vramguard Events, oldest first: those on pods, and those on budgets
-        that no pod got a copy of (a total's recovery). A repeat with a higher
-        count is new."""
-        core = client.CoreV1Api(self.api)
-        for ns in self.sc.namespaces:
-            raw: Any = core.list_namespaced_event(ns, _preload_content=False)
-            for e in json.loads(raw.data)["items"]:
-                self.events[e["metadata"]["uid"]] = e
-        budget_only = {(b, e.reason, e.message) for b, e in P.budget_only_events(self.events.values())}
-        fresh = []
-        for e in self.events.values():
-            key = (e["metadata"]["uid"], int(e.get("count") or 1))
-            obj = e["involvedObject"]
-            wanted = obj.get("kind") == "Pod" or (obj.get("name"), e.get("reason"), e.get("message")) in budget_only
-            if key in self.shown or not P._from_vramguard(e) or not wanted:
-                continue
-            self.shown.add(key)
-            fresh.append(e)
-        return sorted(fresh, key=lambda e: e.get("firstTimestamp") or "")
-
-    def event_line(self, e: Mapping[str, Any]) -> str:
-        when = P._event_time(e)
-        rel = (when - self.wall_agents).total_seconds() if when and self.wall_agents else 0.0
-        obj = e["involvedObject"]
-        repeat = f" (x{e['count']})" if int(e.get("count") or 1) > 1 else ""
-        kind = "pod" if obj.get("kind") == "Pod" else "gmb"
-        return f"t+{rel:>4.0f}s  {e.get('reason'):<22} {kind}/{obj.get('name')}{repeat}: {e.get('message')}"
+        """New vramguard Events, oldest first (see view.EventFeed.fresh)."""
+        return self.feed.fresh(self.cluster.events(list(self.sc.namespaces)))
 
     def table(self) -> str:
-        snaps = [top_cmd.fetch(self.api, ns) for ns in self.sc.namespaces]
-        merged = top_cmd.Snapshot(
-            pods=[p for s in snaps for p in s.pods],
-            budgets=[b for s in snaps for b in s.budgets],
-            policies=snaps[0].policies,
-            reports=snaps[0].reports,
-            namespace_labels=snaps[0].namespace_labels,
-            now=datetime.now(UTC),
-        )
-        rows, notes = top_cmd.build_rows(merged)
-        return top_cmd.render(rows, notes, all_namespaces=True)
+        return view.table(self.cluster.api, list(self.sc.namespaces))
 
     def header(self) -> str:
         t = self.now_s()
@@ -347,10 +177,10 @@ class Demo:
         next_table = time.monotonic() + 5.0
         while self.args.keep or self.now_s() < self.duration_s:
             tick = time.monotonic()
-            self.check_processes()
-            self.kubelet(self.pods())
+            self.children.check()
+            self.cluster.kubelet(self.pods())
             for e in self.poll_events():
-                line = self.event_line(e)
+                line = view.event_line(e, self.wall_agents)
                 self.recent = [*self.recent, line][-12:]
                 if not self.tty:
                     print(line, flush=True)
@@ -370,29 +200,15 @@ class Demo:
     def summary(self) -> int:
         assert self.resolved is not None
         self.poll_events()
-        results = P.outcomes(self.resolved, self.events.values(), self.seen_pods, self.sc)
+        events = self.feed.events.values()
+        results = P.outcomes(self.resolved, events, self.seen_pods, self.sc)
         mismatch = P.check(self.sc.expect, results)
         t = self.now_s()
         print(f"\n{self.header()}\n{self.table()}\n", flush=True)
         print(f"== Summary: {span(t)} of wall-clock time, ~{span(t * self.speed)} of scenario time "
               f"({self.speed:g}x) ==")
-        for r in results:
-            if r.outcomes == ["leftAlone"]:
-                continue
-            print(f"{', '.join(r.outcomes):<30} {self._who(r)}")
-            for e in r.events:
-                print("    " + self._event_text(e))
-        for r in results:
-            if r.outcomes != ["leftAlone"]:
-                continue
-            warned = [e for e in r.events if e.reason == "AboveWarningThreshold"]
-            note = " - warned only" if warned else ""
-            print(f"{'left alone':<30} {self._who(r)}{note}")
-            for e in r.events:
-                print("    " + self._event_text(e))
-        budget_events = P.budget_only_events(self.events.values())
-        for name, e in budget_events:
-            print(f"{'budget':<30} {name}: " + self._event_text(e))
+        budget_events = P.budget_only_events(events)
+        view.print_outcomes(results, budget_events, self.wall_agents)
         bad = {k: v for k, v in mismatch.items() if v[0] or v[1]}
         counts = ", ".join(f"{'left alone' if k == 'leftAlone' else k} {len(self.sc.expect[k])}" for k in P.OUTCOMES)
         # Shorter than the scenario's shortest length (--duration, Ctrl-C): too early to judge.
@@ -408,35 +224,33 @@ class Demo:
         else:
             print(f"The run matches the scenario ({counts}).", flush=True)
         if self.args.summary_json:
-            extra = {
-                "wallSeconds": round(t, 1),
-                "speed": self.speed,
-                "durationSeconds": self.duration_s,
-                "agentsStarted": self.wall_agents.isoformat() if self.wall_agents else None,
-                "processes": [{"name": n, "pid": p.pid} for n, p, _ in self.procs],
-                "namespaces": list(self.sc.namespaces),
-                "logs": str(self.workdir),
-            }
-            Path(self.args.summary_json).write_text(json.dumps(P.summary_json(results, mismatch, extra, budget_events), indent=2))
+            self.write_summary_json(t, results, mismatch, budget_events)
         return 1 if bad else 0
 
-    @staticmethod
-    def _who(r: P.PodOutcome) -> str:
-        if r.id.endswith("~new"):
-            return f"{r.id.removesuffix('~new')}'s replacement ({r.workload}, pod {r.namespace}/{r.name})"
-        return f"{r.id} ({r.workload}, pod {r.namespace}/{r.name})"
-
-    def _event_text(self, e: P.EventLine) -> str:
-        rel = (e.time - self.wall_agents).total_seconds() if e.time and self.wall_agents else 0.0
-        repeat = f" (x{e.count})" if e.count > 1 else ""
-        return f"t+{rel:>4.0f}s {e.reason}{repeat}: {e.message}"
+    def write_summary_json(
+        self,
+        t: float,
+        results: list[P.PodOutcome],
+        mismatch: dict[str, tuple[list[str], list[str]]],
+        budget_events: list[tuple[str, P.EventLine]],
+    ) -> None:
+        extra = {
+            "wallSeconds": round(t, 1),
+            "speed": self.speed,
+            "durationSeconds": self.duration_s,
+            "agentsStarted": self.wall_agents.isoformat() if self.wall_agents else None,
+            "processes": [{"name": n, "pid": p.pid} for n, p, _ in self.children.procs],
+            "namespaces": list(self.sc.namespaces),
+            "logs": str(self.children.workdir),
+        }
+        Path(self.args.summary_json).write_text(json.dumps(P.summary_json(results, mismatch, extra, budget_events), indent=2))
 
     # -- the whole run
 
     def run(self) -> int:
-        self.ensure_cluster()
-        self.install()
-        self.create_workloads()
+        self.cluster.ensure()
+        self.cluster.install()
+        self.cluster.create_workloads(self.sc, self.args.verbose)
         self.resolved = self.wait_for_pods()
         self.start_processes(self.resolved)
         self.say("live view" + (" until Ctrl-C" if self.args.keep else f" for {span(self.duration_s)}")
@@ -451,32 +265,19 @@ class Demo:
         return self.summary()
 
     def cleanup(self) -> None:
-        self.stop_processes()
-        if self.api is None:
+        self.children.stop()
+        if self.cluster.api is None:
             return
         if self.args.keep and self.live_started:
+            kubeconfig = self.cluster.kubeconfig
             print(f"\n--keep: the cluster and the demo's objects are left as they are "
-                  f"(KUBECONFIG={self.kubeconfig}); look around with\n"
-                  f"  vramguard top -A --kubeconfig {self.kubeconfig}\n"
-                  f"  kubectl --kubeconfig {self.kubeconfig} get events -n vg-demo-serving\n"
+                  f"(KUBECONFIG={kubeconfig}); look around with\n"
+                  f"  vramguard top -A --kubeconfig {kubeconfig}\n"
+                  f"  kubectl --kubeconfig {kubeconfig} get events -n vg-demo-serving\n"
                   f"and remove them with: kubectl delete ns {' '.join(self.sc.namespaces)}; "
                   f"kubectl delete gmp vg-demo")
             return
-        self.say("cleaning up: namespaces, policy, node reports")
-        for ns in self.sc.namespaces:
-            self.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False)
-        cluster_scoped = [o for o in self.sc.objects if not (o.get("metadata") or {}).get("namespace")]
-        for o in cluster_scoped:
-            self.kubectl("delete", f"{o['kind'].lower()}.{o['apiVersion'].split('/')[0]}", o["metadata"]["name"],
-                         "--ignore-not-found", check=False)
-        self.kubectl("delete", "nodegpuusages.vramguard.io", *self.sc.node_names, "--ignore-not-found", check=False)
-        if self.created_examples:
-            self.kubectl("delete", *self.created_examples, "--ignore-not-found", "--wait=false", check=False)
-        for ns in self.sc.namespaces:
-            self.kubectl("wait", "--for=delete", f"namespace/{ns}", "--timeout=60s", check=False)
-        if self.started_cluster:
-            self.say("stopping the cluster this run started (hack/cluster/down.sh)")
-            subprocess.run([str(ROOT / "hack/cluster/down.sh")], capture_output=True, timeout=300, check=False)
+        self.cluster.remove(self.sc)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

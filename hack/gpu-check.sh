@@ -10,7 +10,7 @@
 # Usage: hack/gpu-check.sh [--mib 1024] [--device 0] [--holder auto|torch|cupy|pycuda|numba|ctypes]
 # Environment: VENV=DIR reuses (or creates) that venv; PYTHON=python3 picks the interpreter;
 #              NO_INSTALL=1 skips pip and runs from the source tree (needs pydantic, kubernetes,
-#              nvidia-ml-py, prometheus-client, PyYAML, numpy, scipy in that interpreter).
+#              nvidia-ml-py, prometheus-client, PyYAML, numpy in that interpreter).
 # Exit status: 0 pass, 1 a check failed, 2 no GPU / NVML / CUDA or setup failed.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)

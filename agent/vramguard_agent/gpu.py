@@ -86,11 +86,6 @@ class DeviceSample:
     health: Health = "Healthy"
     error: str | None = None
 
-    @property
-    def is_mig(self) -> bool:
-        """True for a MIG device (it has a parent GPU)."""
-        return self.parent_uuid is not None
-
 
 @dataclass(slots=True)
 class GPUSample:

@@ -63,7 +63,6 @@ ALIYUN_GPU_MEM = "aliyun.com/gpu-mem"  # GiB (default unit of gpushare-device-pl
 ALIYUN_GPU_COUNT = "aliyun.com/gpu-count"  # node resource: number of shared GPUs
 KAI_GPU_MEMORY = "gpu-memory"  # pod annotation, MiB per device
 KAI_GPU_FRACTION = "gpu-fraction"  # pod annotation, fraction of one device in (0, 1]
-GPU_RESOURCE_NAMES = (RESOURCE_GPU, HAMI_GPUMEM, HAMI_GPUMEM_PERCENTAGE, ALIYUN_GPU_MEM)
 
 _MIG_NAME_GB = re.compile(r"(?:^|\.)(\d+)gb")
 

@@ -11,7 +11,9 @@ The inference pod must be annotated with its projected time to exhaustion
 (the LeakDetected Event, and the Leak violation in its annotations) and evicted
 before it (``evictBefore: 1h``: when the projected time falls under an hour,
 that is 60 scenario minutes before the simulated series reaches 24Gi at
-scenario time 2h, 120 s after the agent starts); the training pod is left alone.
+scenario time 2h), while the VRAM it reports is still below the limit; the
+training pod is left alone. How long that takes in wall-clock time is printed,
+not asserted: a functional test checks outcomes, a benchmark measures time.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ def test_leaking_pod_annotated_with_projection_and_evicted_before_it_sawtooth_le
                 seen["top"] = vramguard_top(cluster, namespace)
             return False
 
-        wait_for(evicted, 150, "the leaking pod evicted", interval=0.5)
+        # A guard against a hang only: the series reaches the limit 120 s after the agent starts (at 60x).
+        wait_for(evicted, EXHAUSTION_SCENARIO_S / SPEED + 30, "the leaking pod evicted", interval=0.5)
         evicted_after_s = time.monotonic() - t0
 
         # Annotated with its projected time to exhaustion.
@@ -181,8 +184,8 @@ def test_leaking_pod_annotated_with_projection_and_evicted_before_it_sawtooth_le
         evicting = wait_for(lambda: events_about(core, namespace, embedder_uid, "Evicting"), 10, "Evicting")
         left = projected_seconds(evicting[0].message)
         assert 0 < left <= EVICT_BEFORE_S, evicting[0].message
-        # ... and before the simulated series really reached the limit (scenario 2h = 120 s of wall clock).
-        assert evicted_after_s < EXHAUSTION_SCENARIO_S / SPEED, evicted_after_s
+        # ... and before the series really reached the limit: the last VRAM the agent reported for the
+        # pod is below it. (No wall-clock bound here: the wait above is a guard against a hang only.)
         assert seen["vram"] is not None and seen["vram"] < LIMIT_GI * GI
 
         # `vramguard top` showed both, the leaking pod first, while the leak was annotated.

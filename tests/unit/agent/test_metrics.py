@@ -153,8 +153,14 @@ def test_http_endpoints():
         server.server_close()
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:0", ":0"])
-def test_serve_accepts_host_port_forms(address):
+@pytest.mark.parametrize(("address", "host"), [("127.0.0.1:0", "127.0.0.1"), (":0", "0.0.0.0")])
+def test_serve_accepts_host_port_forms(address, host):
+    """``host:port`` binds that host; ``:port`` binds every interface; port 0 picks a free port."""
     server = serve(address, AgentMetrics("n"), Health(stale_after_s=1))
-    server.shutdown()
-    server.server_close()
+    try:
+        bound_host, port = server.server_address[:2]
+        assert bound_host == host and port > 0
+        assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()

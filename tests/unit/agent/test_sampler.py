@@ -221,7 +221,11 @@ def test_unreadable_cgroup_file_is_unattributed_with_the_error(tmp_path):
 def test_ram_only_pod_memory_figures_in_mib(tmp_path):
     now = [0.0]
     status = make(tmp_path, now).sample().status
-    assert all((p.ram_working_set_bytes or 0) % MIB == 0 for p in status.pods)
+    figures = {p.name: p.ram_working_set_bytes for p in status.pods}
+    # Both pods, the RAM-only one (idle, no GPU process) included, each with a figure:
+    # an empty report or a missing figure fails here.
+    assert set(figures) == {"leaky", "idle"} and None not in figures.values()
+    assert all(f % MIB == 0 for f in figures.values())
 
 
 def test_pods_on_a_lost_device_are_unknown_not_a_partial_sum(tmp_path):

@@ -2,6 +2,8 @@
 # Start (or reuse) the local cluster: kwokctl's binary runtime with the binaries
 # that build.sh cached, then register the fake GPU nodes. Nothing is downloaded.
 # Prints the KUBECONFIG to use on its last line.
+# The API server writes an audit log (see audit_policy below);
+# `up.sh --print-audit-log` prints its path and does nothing else.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/versions.sh"
@@ -12,6 +14,35 @@ export KUBECONFIG=${VG_KUBECONFIG:-$VG_CACHE/kubeconfig}
 export KWOK_KUBE_VERSION=$K8S_VERSION
 kwokctl=$KWOK_BIN/kwokctl
 
+# Audit log: every request a ServiceAccount outside kube-system makes, at
+# Metadata level (who, verb, resource, subresource, response code; no bodies),
+# one line per request (the RequestReceived stage is left out). Requests of
+# the control plane and of kubectl, including `kubectl --as=...`
+# impersonation (the policy sees the impersonating user), are not logged,
+# which keeps the file small. tests/e2e/test_chart_e2e.py reads it to prove
+# the chart's RBAC. kwokctl's binary runtime copies the policy to
+# <workdir>/audit.yaml and has the API server write <workdir>/logs/audit.log
+# (kwok v0.8.0, pkg/kwokctl/runtime/binary/cluster_setup.go).
+cluster_dir=$KWOK_WORKDIR/clusters/$CLUSTER_NAME
+audit_log=$cluster_dir/logs/audit.log
+if [[ ${1:-} == --print-audit-log ]]; then
+  echo "$audit_log"
+  exit 0
+fi
+audit_policy=$KWOK_WORKDIR/audit-policy.yaml
+mkdir -p "$KWOK_WORKDIR"
+cat >"$audit_policy" <<'EOF_POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    userGroups: ["system:serviceaccounts:kube-system"]
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+EOF_POLICY
+
 for b in "$K8S_BIN/kube-apiserver" "$ETCD_BIN/etcd" "$kwokctl"; do
   [[ -x $b ]] || { echo "up: $b missing; run hack/cluster/build.sh first" >&2; exit 1; }
 done
@@ -19,6 +50,12 @@ done
 healthy() { kubectl get --raw /readyz >/dev/null 2>&1; }
 
 t0=$SECONDS
+if healthy && ! cmp -s "$audit_policy" "$cluster_dir/audit.yaml"; then
+  # Made before the audit log was on (or with another policy): the RBAC test
+  # could not read what it needs, so the cluster is made again.
+  echo "up: cluster $CLUSTER_NAME runs without this audit policy; recreating it"
+  "$kwokctl" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG" >/dev/null 2>&1 || true
+fi
 if healthy; then
   echo "up: reusing cluster $CLUSTER_NAME"
 else
@@ -32,6 +69,7 @@ else
     --kube-scheduler-binary "$K8S_BIN/kube-scheduler" \
     --etcd-binary "$ETCD_BIN/etcd" \
     --kwok-controller-binary "$KWOK_BIN/kwok" \
+    --kube-audit-policy "$audit_policy" \
     --kubeconfig "$KUBECONFIG" --timeout 5m --wait 2m
   echo "up: cluster started in $((SECONDS - t0)) s"
 fi

@@ -1,5 +1,7 @@
 """Static checks of charts/vramguard, rendered with `helm template`: least
-privilege per component (no "*", the exact API calls each one makes), the agent
+privilege per component (no "*", calls each one must never be allowed; that
+each grant is used is proven by tests/e2e/test_chart_e2e.py from the API
+server's audit log), the operator's pod-writes policy, the agent
 DaemonSet's confinement, the node-restriction policy, the webhooks and their
 TLS, the optional monitoring objects, values the schema rejects, the CRDs'
 sync with crds/, and the images' non-root user."""
@@ -29,7 +31,6 @@ from tests.unit.chart.helm import (
     find_helm,
     helm,
     one,
-    permissions,
     render,
 )
 
@@ -45,41 +46,9 @@ AGENT_SA = f"system:serviceaccount:{NAMESPACE}:vramguard-agent"
 OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:vramguard-operator"
 NODE_POLICY = "vramguard-agent-own-node"
 STATE_POLICY = "vramguard-operator-pod-state"
+WRITES_POLICY = "vramguard-operator-pod-writes"
 STATE_KEYS = ["vramguard.io/violations", "vramguard.io/violation", "vramguard.io/original-cpu",
               "vramguard.io/limits", "vramguard.io/injected"]
-
-# The API calls each component makes (the lead's design), and nothing else.
-OPERATOR_CALLS = {
-    ("", "pods", v) for v in ("get", "list", "watch", "patch")
-} | {
-    ("", "pods/resize", "patch"),
-    ("", "pods/eviction", "create"),
-    ("", "events", "create"), ("", "events", "patch"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-} | {
-    ("vramguard.io", r, v)
-    for r in ("gpumemorybudgets", "gpumemorypolicies", "nodegpuusages")
-    for v in ("get", "list", "watch")
-} | {
-    ("vramguard.io", r, "patch") for r in ("gpumemorybudgets", "gpumemorypolicies")
-} | {
-    ("vramguard.io", f"{r}/status", v)
-    for r in ("gpumemorybudgets", "gpumemorypolicies")
-    for v in ("patch", "update")
-} | {
-    (g, r, v)
-    for g, r in (("", "nodes"), ("", "namespaces"))
-    for v in ("get", "list", "watch")
-}
-AGENT_CALLS = {
-    ("", "pods", "list"), ("", "pods", "watch"), ("", "nodes", "get"),
-    ("vramguard.io", "nodegpuusages", "get"), ("vramguard.io", "nodegpuusages", "create"),
-    ("vramguard.io", "nodegpuusages", "patch"), ("vramguard.io", "nodegpuusages", "update"),
-    ("vramguard.io", "nodegpuusages/status", "patch"),
-    ("vramguard.io", "nodegpuusages/status", "update"),
-}
-
 
 @pytest.fixture(scope="module")
 def default() -> list[dict[str, Any]]:
@@ -120,6 +89,7 @@ def test_default_render_has_every_component(default):
         "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])
     for o in default:
         if o["kind"] not in {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration",
@@ -143,14 +113,6 @@ def test_no_rbac_rule_uses_a_wildcard(values_file):
             assert "nonResourceURLs" not in rule
 
 
-def test_operator_role_grants_exactly_its_api_calls(default):
-    assert permissions(one(default, "ClusterRole", "vramguard-operator")) == OPERATOR_CALLS
-
-
-def test_agent_role_grants_exactly_its_api_calls(default):
-    assert permissions(one(default, "ClusterRole", "vramguard-agent")) == AGENT_CALLS
-
-
 @pytest.mark.parametrize(("group", "resource", "verb"), [
     ("", "pods/eviction", "create"),
     ("", "pods", "patch"),
@@ -168,21 +130,21 @@ def test_agent_cannot(default, group, resource, verb):
     assert not allows(one(default, "ClusterRole", "vramguard-agent"), group, resource, verb)
 
 
-@pytest.mark.parametrize(("group", "resource", "verb", "expected"), [
-    ("", "pods/eviction", "create", True),
-    ("", "pods/resize", "patch", True),
-    ("", "pods", "delete", False),       # evictions only, never a bare delete
-    ("", "secrets", "get", False),
-    ("", "nodes", "patch", False),
-    ("events.k8s.io", "events", "create", False),     # kopf and the actions post core/v1 Events
-    ("policy", "poddisruptionbudgets", "list", False),  # the Eviction API checks them, not us
-    ("vramguard.io", "nodegpuusages", "patch", False),
-    ("vramguard.io", "nodegpuusages/status", "patch", False),
-    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch", False),
+@pytest.mark.parametrize(("group", "resource", "verb"), [
+    ("", "pods", "delete"),       # evictions only, never a bare delete
+    ("", "pods", "create"),
+    ("", "pods/status", "patch"),
+    ("", "secrets", "get"),
+    ("", "nodes", "patch"),
+    ("events.k8s.io", "events", "create"),     # the actions post core/v1 Events
+    ("policy", "poddisruptionbudgets", "list"),  # the Eviction API checks them, not us
+    ("vramguard.io", "nodegpuusages", "create"),
+    ("vramguard.io", "nodegpuusages/status", "patch"),
+    ("vramguard.io", "gpumemorybudgets", "delete"),
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch"),
 ])
-def test_operator_permissions(default, group, resource, verb, expected):
-    role = one(default, "ClusterRole", "vramguard-operator")
-    assert allows(role, group, resource, verb) is expected
+def test_operator_cannot(default, group, resource, verb):
+    assert not allows(one(default, "ClusterRole", "vramguard-operator"), group, resource, verb)
 
 
 def test_each_component_has_its_own_service_account(default):
@@ -349,6 +311,33 @@ def test_pod_state_policy_follows_a_renamed_operator_and_can_be_turned_off():
     objs = render({"operator.annotationGuard.enabled": False})
     assert not find(objs, "ValidatingAdmissionPolicy", STATE_POLICY)
     assert not find(objs, "ValidatingAdmissionPolicyBinding", STATE_POLICY)
+
+
+def test_pod_writes_policy_covers_every_pod_write_of_the_operator(default):
+    """Every operation on pods and on each of their subresources, for the
+    operator's ServiceAccount only, denied on a failed evaluation too (what it
+    allows is checked on the API server by tests/e2e/test_chart_e2e.py)."""
+    vap = one(default, "ValidatingAdmissionPolicy", WRITES_POLICY)
+    binding = one(default, "ValidatingAdmissionPolicyBinding", WRITES_POLICY)
+    assert binding["spec"] == {"policyName": WRITES_POLICY, "validationActions": ["Deny"]}
+    spec = vap["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [""] and set(rule["resources"]) == {"pods", "pods/*"}
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE", "CONNECT"}
+    (cond,) = spec["matchConditions"]
+    assert cond["expression"] == f"request.userInfo.username == '{OPERATOR_SA}'"
+    assert all(v["reason"] == "Forbidden" for v in spec["validations"])
+
+
+def test_pod_writes_policy_follows_a_renamed_operator_and_can_be_turned_off():
+    objs = render({"operator.serviceAccount.name": "gpu-op"})
+    (cond,) = one(objs, "ValidatingAdmissionPolicy", WRITES_POLICY)["spec"]["matchConditions"]
+    assert cond["expression"].endswith(f":{NAMESPACE}:gpu-op'")
+    objs = render({"operator.podWriteRestriction.enabled": False})
+    assert not find(objs, "ValidatingAdmissionPolicy", WRITES_POLICY)
+    assert not find(objs, "ValidatingAdmissionPolicyBinding", WRITES_POLICY)
+    assert find(objs, "ValidatingAdmissionPolicy", STATE_POLICY)
 
 
 # --- the operator -----------------------------------------------------------

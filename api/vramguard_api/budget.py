@@ -7,9 +7,10 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from .limits import DeviceLimit, MemoryLimit, le_rule
+from .bounds import DELAY, GROWTH_PER_HOUR, THROTTLE_CPU, CPUQuantity, Delay, GrowthQuantity, duration_guard
+from .limits import DeviceLimit, MemoryLimit, le_message, le_rule
 from .meta import APIModel, Condition, LabelSelector, ObjectMeta
-from .units import Duration, Quantity, parse_duration, quantity_to_bytes
+from .units import parse_duration, quantity_to_bytes
 
 Action = Literal["Annotate", "Throttle", "Evict"]
 ACTIONS: tuple[Action, ...] = ("Annotate", "Throttle", "Evict")
@@ -20,7 +21,9 @@ DEFAULT_THROTTLE_CPU = "100m"
 DEFAULT_WARNING_THRESHOLD = 0.85
 
 _RANK = "({x}.action == 'Annotate' ? 0 : ({x}.action == 'Throttle' ? 1 : 2))"
+# Checked only when every delay can go through duration() (each step's own rule reports the others).
 _STEPS_INCREASING = (
+    f"!self.all(s, {duration_guard('s.after')}) || "
     f"self.all(a, self.all(b, {_RANK.format(x='a')} >= {_RANK.format(x='b')} || duration(a.after) < duration(b.after)))"
 )
 
@@ -35,9 +38,9 @@ class Limits(APIModel):
                     "rule": "has(self.perPod) || has(self.perDevice) || has(self.total)",
                     "message": "at least one of perPod, perDevice or total must be set",
                 },
-                le_rule("perPod.vram", "total.vram", "perPod.vram must not be above total.vram"),
-                le_rule("perPod.ram", "total.ram", "perPod.ram must not be above total.ram"),
-                le_rule("perDevice.vram", "perPod.vram", "perDevice.vram must not be above perPod.vram"),
+                le_rule("perPod.vram", "total.vram"),
+                le_rule("perPod.ram", "total.ram"),
+                le_rule("perDevice.vram", "perPod.vram"),
             ]
         }
     )
@@ -64,11 +67,11 @@ class Limits(APIModel):
             pod = getattr(self.per_pod, kind, None)
             tot = getattr(self.total, kind, None)
             if pod is not None and tot is not None and quantity_to_bytes(pod) > quantity_to_bytes(tot):
-                raise ValueError(f"perPod.{kind} ({pod}) must not be above total.{kind} ({tot})")
+                raise ValueError(le_message(f"perPod.{kind}", pod, f"total.{kind}", tot))
         dev = self.per_device.vram if self.per_device else None
         pod_vram = self.per_pod.vram if self.per_pod else None
         if dev is not None and pod_vram is not None and quantity_to_bytes(dev) > quantity_to_bytes(pod_vram):
-            raise ValueError(f"perDevice.vram ({dev}) must not be above perPod.vram ({pod_vram})")
+            raise ValueError(le_message("perDevice.vram", dev, "perPod.vram", pod_vram))
         return self
 
 
@@ -87,9 +90,10 @@ class Tolerance(APIModel):
         le=100,
         description="Percentage above a limit that is tolerated for up to duration; above it a violation opens at once.",
     )
-    duration: Duration = Field(
+    duration: Delay = Field(
         default="0s",
-        description="How long usage may stay above a limit (within the overshoot) before a violation opens.",
+        description="How long usage may stay above a limit (within the overshoot) before a violation opens. "
+        + DELAY.doc,
     )
 
     def seconds(self) -> float:
@@ -117,11 +121,14 @@ class EscalationStep(APIModel):
         description="Annotate: pod annotations and Warning Events. Throttle: lower the pod's CPU limit "
         "through the pods/resize subresource. Evict: the Eviction API (PodDisruptionBudgets respected)."
     )
-    after: Duration = Field(default="0s", description="How long the violation must have lasted before this step fires.")
-    cpu_limit: Quantity | None = Field(
+    after: Delay = Field(
+        default="0s", description=f"How long the violation must have lasted before this step fires. {DELAY.doc}"
+    )
+    cpu_limit: CPUQuantity | None = Field(
         default=None,
         alias="cpuLimit",
-        description=f"Throttle only: the CPU limit set on each container while throttled (default {DEFAULT_THROTTLE_CPU}).",
+        description="Throttle only: the CPU limit set on each container while throttled "
+        f"(default {DEFAULT_THROTTLE_CPU}). {THROTTLE_CPU.doc}",
     )
 
     def after_seconds(self) -> float:
@@ -187,19 +194,21 @@ class LeakDetection(APIModel):
     )
 
     enabled: bool = Field(default=False, description="Whether a detected leak opens a Leak violation.")
-    min_growth_per_hour: Quantity = Field(
+    min_growth_per_hour: GrowthQuantity = Field(
         default="200Mi",
         alias="minGrowthPerHour",
-        description="Smallest sustained VRAM growth, per hour, that counts as a leak.",
+        description=f"Smallest sustained VRAM growth, per hour, that counts as a leak. {GROWTH_PER_HOUR.doc}",
     )
-    min_window: Duration = Field(
-        default="30m", alias="minWindow", description="Shortest observation window before a leak can be declared."
+    min_window: Delay = Field(
+        default="30m",
+        alias="minWindow",
+        description=f"Shortest observation window before a leak can be declared. {DELAY.doc}",
     )
-    evict_before: Duration | None = Field(
+    evict_before: Delay | None = Field(
         default=None,
         alias="evictBefore",
         description="Evict a leaking pod this long before its projected exhaustion of the limit, "
-        "so that a replacement starts before the OOM takes neighbours down.",
+        f"so that a replacement starts before the OOM takes neighbours down. {DELAY.doc}",
     )
 
 
@@ -214,23 +223,15 @@ class GPUMemoryBudgetSpec(APIModel):
     warning_threshold: float = Field(
         default=DEFAULT_WARNING_THRESHOLD,
         alias="warningThreshold",
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
         description="Fraction of a limit, in (0, 1], above which a Warning condition and Event are raised before any violation.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "self > 0.0 && self <= 1.0", "message": "warningThreshold must be in (0, 1]"}
-            ]
-        },
     )
     leak_detection: LeakDetection | None = Field(
         default=None, alias="leakDetection", description="Leak detection settings; off unless enabled."
     )
     enforcement: Enforcement = Field(default_factory=Enforcement, description="Mode and escalation ladder.")
-
-    @model_validator(mode="after")
-    def _threshold(self) -> GPUMemoryBudgetSpec:
-        if not 0 < self.warning_threshold <= 1:
-            raise ValueError(f"warningThreshold: {self.warning_threshold} must be in (0, 1]")
-        return self
 
 
 class Violation(APIModel):

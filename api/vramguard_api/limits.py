@@ -6,8 +6,9 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
+from .bounds import MEMORY_LIMIT, MemoryQuantity, quantity_guard
 from .meta import APIModel
-from .units import Quantity, quantity_to_bytes
+from .units import quantity_to_bytes
 
 
 class MemoryLimit(APIModel):
@@ -21,13 +22,15 @@ class MemoryLimit(APIModel):
         }
     )
 
-    vram: Quantity | None = Field(
+    vram: MemoryQuantity | None = Field(
         default=None,
-        description="GPU memory (VRAM) limit as a Kubernetes quantity, e.g. 40Gi; for a pod, summed over all its devices.",
+        description="GPU memory (VRAM) limit as a Kubernetes quantity, e.g. 40Gi; for a pod, summed over all its "
+        f"devices. {MEMORY_LIMIT.doc}",
     )
-    ram: Quantity | None = Field(
+    ram: MemoryQuantity | None = Field(
         default=None,
-        description="Host memory limit on the RAM working set (the kubelet's definition: usage minus inactive file), e.g. 64Gi.",
+        description="Host memory limit on the RAM working set (the kubelet's definition: usage minus inactive file), "
+        f"e.g. 64Gi. {MEMORY_LIMIT.doc}",
     )
 
     @model_validator(mode="after")
@@ -56,20 +59,20 @@ class DeviceLimit(APIModel):
                     "rule": "has(self.vram) != has(self.fraction)",
                     "message": "exactly one of vram or fraction must be set",
                 },
-                {
-                    "rule": "!has(self.fraction) || (self.fraction > 0.0 && self.fraction <= 1.0)",
-                    "message": "fraction must be in (0, 1]",
-                    "fieldPath": ".fraction",
-                },
             ]
         }
     )
 
-    vram: Quantity | None = Field(
-        default=None, description="VRAM a pod may hold on one device, as a Kubernetes quantity, e.g. 20Gi."
+    vram: MemoryQuantity | None = Field(
+        default=None,
+        description=f"VRAM a pod may hold on one device, as a Kubernetes quantity, e.g. 20Gi. {MEMORY_LIMIT.doc}",
     )
+    # (0, 1] as OpenAPI bounds: the API server's message then names the value too
     fraction: float | None = Field(
         default=None,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
         description="Share of the device's usable memory (total minus reserved) a pod may hold on it, in (0, 1].",
     )
 
@@ -77,8 +80,6 @@ class DeviceLimit(APIModel):
     def _exactly_one(self) -> DeviceLimit:
         if (self.vram is None) == (self.fraction is None):
             raise ValueError("exactly one of vram or fraction must be set")
-        if self.fraction is not None and not 0 < self.fraction <= 1:
-            raise ValueError(f"fraction: {self.fraction} must be in (0, 1]")
         return self
 
     def bytes_for(self, usable_bytes: int | None) -> int | None:
@@ -97,10 +98,21 @@ def _has(path: str) -> str:
     return " && ".join(f"has(self.{'.'.join(parts[: i + 1])})" for i in range(len(parts)))
 
 
-def le_rule(a: str, b: str, message: str) -> dict[str, Any]:
+def le_message(a: str, a_value: str, b: str, b_value: str) -> str:
+    """The message of :func:`le_rule`, for the model validators to say the same."""
+    return f"{a} ({a_value}) must not be above {b} ({b_value})"
+
+
+def le_rule(a: str, b: str) -> dict[str, Any]:
     """A CEL rule saying quantity field path ``a`` is at most ``b`` when both are set.
 
-    Quantities compare through Kubernetes' CEL quantity library (``quantity(x).compareTo``).
+    Quantities compare through Kubernetes' CEL quantity library (``quantity(x).compareTo``),
+    only when both can go through it (each field's own rules report the others).
     """
-    rule = f"!({_has(a)} && {_has(b)}) || quantity(self.{a}).compareTo(quantity(self.{b})) <= 0"
-    return {"rule": rule, "message": message}
+    both = f"{_has(a)} && {_has(b)} && {quantity_guard(a)} && {quantity_guard(b)}"
+    rule = f"!({both}) || quantity(self.{a}).compareTo(quantity(self.{b})) <= 0"
+    return {
+        "rule": rule,
+        "message": f"{a} must not be above {b}",
+        "messageExpression": f"'{a} (' + self.{a} + ') must not be above {b} (' + self.{b} + ')'",
+    }

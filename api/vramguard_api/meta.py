@@ -5,9 +5,21 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .labels import (
+    LABEL_KEY_MAX,
+    LABEL_KEY_RULES,
+    LABEL_VALUE_MAX,
+    LABEL_VALUE_RULES,
+    MATCH_LABELS_KEY_RULES,
+    REQUIREMENT_RULES,
+    check_label_key,
+    check_label_value,
+    requirement_problem,
+)
 
 
 class APIModel(BaseModel):
@@ -26,28 +38,59 @@ class APIModel(BaseModel):
         return json.loads(self.model_dump_json(by_alias=True, exclude_none=True))
 
 
-class LabelSelectorRequirement(APIModel):
-    """A label selector requirement (meta/v1 LabelSelectorRequirement)."""
+LabelValue = Annotated[
+    str,
+    Field(max_length=LABEL_VALUE_MAX, json_schema_extra={"x-kubernetes-validations": LABEL_VALUE_RULES}),
+    AfterValidator(check_label_value),
+]
+"""A label value, as the core API validates it."""
 
-    key: str = Field(max_length=317, description="The label key that the selector applies to.")
+
+class LabelSelectorRequirement(APIModel):
+    """A label selector requirement (meta/v1 LabelSelectorRequirement), validated as the core API does."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": REQUIREMENT_RULES})
+
+    key: str = Field(
+        max_length=LABEL_KEY_MAX,
+        description="The label key that the selector applies to: a qualified name ([prefix/]name: an optional "
+        "DNS subdomain of at most 253 characters, then a name of at most 63 alphanumerics, '-', '_' or '.').",
+        json_schema_extra={"x-kubernetes-validations": LABEL_KEY_RULES},
+    )
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
         description="The key's relationship to the values: In, NotIn, Exists or DoesNotExist."
     )
-    values: list[str] | None = Field(
+    values: list[LabelValue] | None = Field(
         default=None,
         max_length=256,
-        description="Values for In and NotIn (non-empty); must be empty for Exists and DoesNotExist.",
+        description="Values for In and NotIn (non-empty); must be empty for Exists and DoesNotExist. "
+        "Each a label value: at most 63 alphanumerics, '-', '_' or '.', or empty.",
     )
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, key: str) -> str:
+        return check_label_key(key)
+
+    @model_validator(mode="after")
+    def _values(self) -> LabelSelectorRequirement:
+        problem = requirement_problem(self.operator, self.values, self.key)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class LabelSelector(APIModel):
     """A label query over pods (meta/v1 LabelSelector). The requirements are ANDed;
     an empty selector matches every pod in the namespace."""
 
-    match_labels: dict[str, str] | None = Field(
+    match_labels: dict[str, LabelValue] | None = Field(
         default=None,
         alias="matchLabels",
-        description="A map of {key: value} pairs; each is equivalent to an In requirement with one value.",
+        max_length=64,
+        description="A map of {key: value} pairs; each is equivalent to an In requirement with one value. "
+        "Keys are label keys (qualified names), values label values; at most 64 pairs.",
+        json_schema_extra={"x-kubernetes-validations": MATCH_LABELS_KEY_RULES},
     )
     match_expressions: list[LabelSelectorRequirement] | None = Field(
         default=None,
@@ -55,6 +98,13 @@ class LabelSelector(APIModel):
         max_length=32,
         description="A list of label selector requirements, ANDed.",
     )
+
+    @field_validator("match_labels")
+    @classmethod
+    def _keys(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        for key in labels or {}:
+            check_label_key(key)
+        return labels
 
 
 class Condition(APIModel):

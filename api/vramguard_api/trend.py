@@ -8,8 +8,11 @@ operator decides a budget's leak violation from them alone with
 
 from __future__ import annotations
 
+import math
+from typing import Annotated
+
 import numpy as np
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from .leak import (
     DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
@@ -22,6 +25,20 @@ from .leak import (
     validate_series,
 )
 from .meta import APIModel
+from .units import GO_DURATION_MAX_NS, MAX_BYTES
+
+MAX_REPORT_SECONDS = GO_DURATION_MAX_NS / 1e9
+"""Largest time span in a report, seconds: Go's largest duration (2562047h47m16.854775807s)."""
+
+
+def _finite_or_none(value: object) -> object:
+    # Theil–Sen gives NaN for heavy ties: unknown, which the report says with None
+    # (a NaN could not be sent anyway: APIModel.to_api turns it into None).
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+Figure = Annotated[float | None, BeforeValidator(_finite_or_none)]
+"""An optional figure; NaN or infinite means unknown (None)."""
 
 
 class TrendFeatures(APIModel):
@@ -39,38 +56,50 @@ class TrendFeatures(APIModel):
     """
 
     window_seconds: float = Field(
-        alias="windowSeconds", ge=0, description="Time covered by the history, seconds."
+        alias="windowSeconds",
+        ge=0,
+        le=MAX_REPORT_SECONDS,
+        allow_inf_nan=False,
+        description="Time covered by the history, seconds; at most 9223372036.854775807 (Go's largest duration).",
     )
-    samples: int = Field(ge=0, description="Number of samples in the window.")
-    growth_bytes_per_hour: float | None = Field(
+    samples: int = Field(ge=0, le=2**31 - 1, description="Number of samples in the window.")
+    growth_bytes_per_hour: Figure = Field(
         default=None,
         alias="growthBytesPerHour",
+        ge=-MAX_BYTES,
+        le=MAX_BYTES,
         description="Robust growth rate of the VRAM floor since the last restart (since the "
-        "rise's onset when the floor rises steadily), bytes per hour.",
+        "rise's onset when the floor rises steadily), bytes per hour; within ±2^53.",
     )
-    growth_low_bytes_per_hour: float | None = Field(
+    growth_low_bytes_per_hour: Figure = Field(
         default=None,
         alias="growthLowBytesPerHour",
-        description="Lower 95% confidence bound of the growth rate, bytes per hour.",
+        ge=-MAX_BYTES,
+        le=MAX_BYTES,
+        description="Lower 95% confidence bound of the growth rate, bytes per hour; within ±2^53.",
     )
-    floor_rise_bytes: float | None = Field(
+    floor_rise_bytes: Figure = Field(
         default=None,
         alias="floorRiseBytes",
-        description="Rise of the VRAM floor over the window (since the last restart), bytes.",
+        ge=-MAX_BYTES,
+        le=MAX_BYTES,
+        description="Rise of the VRAM floor over the window (since the last restart), bytes; within ±2^53.",
     )
-    rise_seconds: float | None = Field(
+    rise_seconds: Figure = Field(
         default=None,
         alias="riseSeconds",
         ge=0,
+        le=MAX_REPORT_SECONDS,
         description="How long the floor has risen steadily, from the onset to its latest advance, seconds; "
-        "absent when it does not rise steadily.",
+        "absent when it does not rise steadily. At most 9223372036.854775807.",
     )
-    onset_seconds: float | None = Field(
+    onset_seconds: Figure = Field(
         default=None,
         alias="onsetSeconds",
         ge=0,
+        le=MAX_REPORT_SECONDS,
         description="How long before the window's last sample the steady rise began, seconds; "
-        "absent when the floor does not rise steadily.",
+        "absent when the floor does not rise steadily. At most 9223372036.854775807.",
     )
     leak: bool | None = Field(
         default=None,

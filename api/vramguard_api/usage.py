@@ -1,7 +1,8 @@
 """NodeGPUUsage: one node's measured GPU and host memory, written only by that node's agent.
 
-All memory figures are integers in bytes. A figure that could not be measured
-is absent (None), never zero: unknown is not zero.
+All memory figures are integers in bytes, at most ``MAX_BYTES`` (2^53, held
+exactly by every client). A figure that could not be measured is absent
+(None), never zero: unknown is not zero.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Literal
 from pydantic import Field
 
 from .meta import APIModel, Condition, ObjectMeta
-from .trend import TrendFeatures
+from .trend import MAX_REPORT_SECONDS, TrendFeatures
+from .units import MAX_BYTES
 
 VirtualizationMode = Literal["None", "Passthrough", "VGPU", "HostVGPU", "HostVSGA"]
 Attribution = Literal["Measured", "Unknown"]
@@ -30,18 +32,29 @@ class DeviceMemory(APIModel):
     ``reservedBytes`` differs between driver generations, so both are stored as read.
     """
 
-    total_bytes: int = Field(alias="totalBytes", ge=0, description="Total framebuffer memory, bytes.")
+    total_bytes: int = Field(
+        alias="totalBytes", ge=0, le=MAX_BYTES, description="Total framebuffer memory, bytes; at most 2^53."
+    )
     reserved_bytes: int | None = Field(
         default=None,
         alias="reservedBytes",
         ge=0,
-        description="Memory reserved by the driver, firmware or hypervisor, bytes.",
+        le=MAX_BYTES,
+        description="Memory reserved by the driver, firmware or hypervisor, bytes; at most 2^53.",
     )
     used_bytes: int | None = Field(
-        default=None, alias="usedBytes", ge=0, description="Used memory as NVML reports it, bytes."
+        default=None,
+        alias="usedBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="Used memory as NVML reports it, bytes; at most 2^53.",
     )
-    free_bytes: int | None = Field(default=None, alias="freeBytes", ge=0, description="Free memory, bytes.")
-    usable_bytes: int = Field(alias="usableBytes", ge=0, description="Usable memory: total minus reserved, bytes.")
+    free_bytes: int | None = Field(
+        default=None, alias="freeBytes", ge=0, le=MAX_BYTES, description="Free memory, bytes; at most 2^53."
+    )
+    usable_bytes: int = Field(
+        alias="usableBytes", ge=0, le=MAX_BYTES, description="Usable memory: total minus reserved, bytes; at most 2^53."
+    )
 
 
 class GPUDevice(APIModel):
@@ -77,7 +90,8 @@ class GPUDevice(APIModel):
         default=None,
         alias="processBytes",
         ge=0,
-        description="Sum of the known per-process usage on this device, bytes.",
+        le=MAX_BYTES,
+        description="Sum of the known per-process usage on this device, bytes; at most 2^53.",
     )
     processes_complete: bool = Field(
         default=True,
@@ -93,7 +107,11 @@ class DeviceUsage(APIModel):
 
     uuid: str = Field(max_length=128, description="Device UUID.")
     used_bytes: int | None = Field(
-        default=None, alias="usedBytes", ge=0, description="VRAM used on the device, bytes; absent when unknown."
+        default=None,
+        alias="usedBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="VRAM used on the device, bytes; absent when unknown; at most 2^53.",
     )
 
 
@@ -102,12 +120,15 @@ class ContainerUsage(APIModel):
 
     name: str | None = Field(default=None, max_length=253, description="Container name, from the API.")
     container_id: str = Field(alias="containerID", max_length=128, description="Runtime container id (64 hex).")
-    vram_bytes: int | None = Field(default=None, alias="vramBytes", ge=0, description="VRAM over all devices, bytes.")
+    vram_bytes: int | None = Field(
+        default=None, alias="vramBytes", ge=0, le=MAX_BYTES, description="VRAM over all devices, bytes; at most 2^53."
+    )
     ram_working_set_bytes: int | None = Field(
         default=None,
         alias="ramWorkingSetBytes",
         ge=0,
-        description="RAM working set (usage minus inactive file), bytes.",
+        le=MAX_BYTES,
+        description="RAM working set (usage minus inactive file), bytes; at most 2^53.",
     )
     oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills counted by the cgroup.")
 
@@ -125,10 +146,18 @@ class PodUsage(APIModel):
         default="Measured", description="Measured, or Unknown when NVML could not report per-process memory."
     )
     vram_bytes: int | None = Field(
-        default=None, alias="vramBytes", ge=0, description="VRAM over all devices, bytes; absent when unknown."
+        default=None,
+        alias="vramBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="VRAM over all devices, bytes; absent when unknown; at most 2^53.",
     )
     ram_working_set_bytes: int | None = Field(
-        default=None, alias="ramWorkingSetBytes", ge=0, description="RAM working set of the pod, bytes."
+        default=None,
+        alias="ramWorkingSetBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="RAM working set of the pod, bytes; at most 2^53.",
     )
     oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills in the pod's cgroups.")
     devices: list[DeviceUsage] = Field(default_factory=list, max_length=MAX_DEVICES, description="VRAM per device.")
@@ -142,7 +171,11 @@ class UnattributedProcess(APIModel):
     pid: int = Field(ge=0, description="Host PID.")
     device: str = Field(max_length=128, description="Device UUID.")
     used_bytes: int | None = Field(
-        default=None, alias="usedBytes", ge=0, description="VRAM used, bytes; absent when unknown."
+        default=None,
+        alias="usedBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="VRAM used, bytes; absent when unknown; at most 2^53.",
     )
     reason: str = Field(max_length=256, description="Why the process could not be attributed to a pod.")
 
@@ -153,7 +186,11 @@ class AgentInfo(APIModel):
     version: str = Field(max_length=64, description="Agent version.")
     backend: Literal["nvml", "sim"] = Field(description="GPU backend: nvml or sim (simulated).")
     sample_interval_seconds: float = Field(
-        alias="sampleIntervalSeconds", gt=0, description="Sampling interval, seconds."
+        alias="sampleIntervalSeconds",
+        gt=0,
+        le=MAX_REPORT_SECONDS,
+        allow_inf_nan=False,
+        description="Sampling interval, seconds; at most 9223372036.854775807 (Go's largest duration).",
     )
     driver_version: str | None = Field(
         default=None, alias="driverVersion", max_length=64, description="NVIDIA driver version."

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vramguard_api.bounds import clamp_limit_bytes
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.units import format_bytes
 from vramguard_operator.engine.selectors import compile_selector
@@ -98,9 +99,11 @@ def implicit_budget(
     if not limits:
         return None
     spec_limits: dict[str, Any] = {}
+    # A declared grant is the pod author's to write (nvidia.com/gpumem: 1e12): kept
+    # within the API's bounds so that the budget always validates.
     if "perDevice" in limits:
-        spec_limits["perDevice"] = {"vram": str(limits["perDevice"].bytes)}
-    per_pod = {k.split(".")[1]: str(v.bytes) for k, v in limits.items() if k.startswith("perPod.")}
+        spec_limits["perDevice"] = {"vram": str(clamp_limit_bytes(limits["perDevice"].bytes))}
+    per_pod = {k.split(".")[1]: str(clamp_limit_bytes(v.bytes)) for k, v in limits.items() if k.startswith("perPod.")}
     if per_pod:
         spec_limits["perPod"] = per_pod
     budget = GPUMemoryBudget.model_validate(

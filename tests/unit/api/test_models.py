@@ -43,7 +43,19 @@ def test_ladder_sorted_and_defaults():
     ("path", "value", "message"),
     [
         ("spec.limits.total", {"vram": "10Gi"}, "perPod.vram (20Gi) must not be above total.vram (10Gi)"),
-        ("spec.limits.perDevice", {"fraction": 0}, "fraction: 0.0 must be in (0, 1]"),
+        ("spec.limits.perDevice", {"fraction": 0}, "spec.limits.perDevice.fraction\n  Input should be greater than 0"),
+        (
+            "spec.limits.perDevice",
+            {"fraction": 1.5},
+            "spec.limits.perDevice.fraction\n  Input should be less than or equal to 1",
+        ),
+        (
+            "spec.limits.perDevice",
+            {"fraction": float("nan")},
+            "spec.limits.perDevice.fraction\n  Input should be a finite number",
+        ),
+        ("spec.warningThreshold", float("nan"), "spec.warningThreshold\n  Input should be a finite number"),
+        ("spec.warningThreshold", 0, "spec.warningThreshold\n  Input should be greater than 0"),
         ("spec.limits.perDevice", {"vram": "1Gi", "fraction": 0.5}, "exactly one of vram or fraction"),
         ("spec.limits.perPod", {}, "at least one of vram or ram"),
         ("spec.limits.perPod", {"vram": "-1Gi"}, "perPod.vram"),

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.meta import LabelSelector, LabelSelectorRequirement
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.cli.replay import apply_output
 from vramguard_operator.engine.evaluate import evaluate
@@ -79,6 +80,14 @@ def budget(
             "metadata": {"name": name, "namespace": ns, "uid": uid, "generation": generation},
             "spec": spec,
         }
+    )
+
+
+def stale_selector(*expressions: dict[str, Any]) -> LabelSelector:
+    """A selector with requirements the API no longer admits (stored under an
+    older CRD), built without validation to reach the engine's own checks."""
+    return LabelSelector.model_construct(
+        match_expressions=[LabelSelectorRequirement.model_construct(**e) for e in expressions]
     )
 
 

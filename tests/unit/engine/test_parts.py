@@ -19,7 +19,7 @@ from vramguard_operator.engine.types import (
     ViolationRecord,
 )
 
-from .builders import at
+from .builders import at, stale_selector
 
 SELECTORS = [
     # selector, labels, matches
@@ -62,7 +62,21 @@ def test_label_selector(selector, labels, matches):
 )
 def test_invalid_selector(expr, message):
     with pytest.raises(ValueError, match=rf"spec.selector.matchExpressions\[0\]: .*{message}"):
-        compile_selector(LabelSelector.model_validate({"matchExpressions": [expr]}))
+        compile_selector(stale_selector(expr))
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        {"key": "k", "operator": "In", "values": []},
+        {"key": "k", "operator": "Exists", "values": ["v"]},
+        {"key": "a b", "operator": "Exists"},
+        {"key": "k", "operator": "In", "values": ["x y"]},
+    ],
+)
+def test_the_model_rejects_what_the_api_server_rejects(expr):
+    with pytest.raises(ValueError, match="matchExpressions"):
+        LabelSelector.model_validate({"matchExpressions": [expr]})
 
 
 def test_state_annotation_round_trip_and_format():

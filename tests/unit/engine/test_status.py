@@ -5,7 +5,7 @@ from __future__ import annotations
 from vramguard_operator.engine.budget_status import status_changed
 from vramguard_operator.engine.types import EngineConfig
 
-from .builders import GI, at, budget, pod, report, run, simulate, steps, vram
+from .builders import GI, at, budget, pod, report, run, simulate, stale_selector, steps, vram
 
 
 def conds(status):
@@ -108,9 +108,8 @@ def test_total_warning_has_no_pod():
 
 
 def test_invalid_selector_is_reported_and_nothing_decided():
-    b = budget(
-        per_pod={"vram": "40Gi"}, selector={"matchExpressions": [{"key": "app", "operator": "In", "values": []}]}
-    )
+    b = budget(per_pod={"vram": "40Gi"})
+    b.spec.selector = stale_selector({"key": "app", "operator": "In", "values": []})
     out = run([b], [pod("w0")], [report("node-a", at(0), {"w0": vram(70)})], at(0))
     assert out.decisions == ()
     (ready,) = out.statuses[0].status.conditions

@@ -21,6 +21,7 @@ from vramguard_operator.controller.reconcile import (
 from vramguard_operator.engine.types import EngineConfig
 
 from ..engine.builders import budget, pod, report, vram
+from ..policy.builders import stale_policy
 from .test_indexes import budget_body
 
 NOW = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)
@@ -66,8 +67,7 @@ def test_an_unknown_namespace_matches_only_selector_free_policies():
 
 
 def test_a_policy_that_cannot_be_evaluated_holds_every_namespace_in_dry_run_and_exempt():
-    audit = policy("audit", mode="DryRun", namespaceSelector={
-        "matchExpressions": [{"key": "audit", "operator": "In", "values": []}]})
+    audit = stale_policy("audit", {"key": "audit", "operator": "In", "values": []}, mode="DryRun")
     pols = namespace_policies({"audit": audit, "all": policy("all")}, {"ml": {"audit": "on"}}, ["ml", "web"])
     for ns in ("ml", "web"):
         assert pols[ns].effective.mode == "DryRun"

@@ -25,7 +25,7 @@ from vramguard_operator.engine.types import PodFacts
 
 from ..agent.stubapi import StubAPI
 from ..engine.builders import budget
-from ..policy.builders import NOW, device, node_obj, pod, policy, report
+from ..policy.builders import NOW, device, node_obj, pod, policy, report, stale_policy
 
 NODE = "gpu-h100-ts"
 
@@ -144,8 +144,7 @@ def test_no_limits_annotation_in_dry_run_or_exempt_namespaces(stub, spec):
 
 
 def test_a_broken_policy_is_logged_once_and_holds_enforcement(stub, caplog):
-    broken = policy("audit", mode="DryRun", namespaceSelector={
-        "matchExpressions": [{"key": "team", "operator": "In", "values": []}]})
+    broken = stale_policy("audit", {"key": "team", "operator": "In", "values": []}, mode="DryRun")
     snap = gpu_pod_snapshot(team=policy("team", defaults={}), audit=broken)
     rec, _ = reconciler(stub)
     rec.evaluate_and_apply(snap)

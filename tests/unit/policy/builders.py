@@ -15,6 +15,8 @@ from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.policy.shares import NodeFacts
 
+from ..engine.builders import stale_selector
+
 ROOT = Path(__file__).resolve().parents[3]
 MI = 1 << 20
 GI = 1 << 30
@@ -25,6 +27,14 @@ def policy(name: str, **spec: Any) -> GPUMemoryPolicy:
     """A GPUMemoryPolicy from camelCase spec keywords (``mode="DryRun"``,
     ``ceilings={"perPod": {"vram": "40Gi"}}``)."""
     return GPUMemoryPolicy.model_validate({"metadata": {"name": name, "generation": 1}, "spec": spec})
+
+
+def stale_policy(name: str, expression: dict[str, Any], **spec: Any) -> GPUMemoryPolicy:
+    """A policy whose namespaceSelector holds ``expression``, one the API no longer
+    admits (stored under an older CRD): the merge's own checks must hold it."""
+    p = policy(name, **spec)
+    p.spec.namespace_selector = stale_selector(expression)
+    return p
 
 
 @cache

@@ -67,6 +67,14 @@ def test_declared_budget_without_any_policy() -> None:
     assert found.sources == {"perDevice": "hami/nvidia.com/gpumem"}
 
 
+def test_a_declared_grant_beyond_the_api_bounds_still_gives_a_valid_budget() -> None:
+    for declared, limit in (("500m", MI), ("1e12", 2**53), ("9223372036854775807", 2**53), ("3000", 3000 * MI)):
+        p = gpu_pod(resources={"nvidia.com/gpu": "1", "nvidia.com/gpumem": declared})
+        found = implicit_budget(p, TS, MergedPolicy("ml"))
+        assert found is not None and found.budget.spec.limits.per_device is not None
+        assert found.budget.spec.limits.per_device.bytes_for(None) == limit, declared
+
+
 def test_no_implicit_budget_when_nothing_limits() -> None:
     assert implicit_budget(gpu_pod(), TS, MergedPolicy("ml")) is None  # no policy, nothing declared
     assert implicit_budget(gpu_pod(resources={"cpu": "1"}), TS, DEFAULTS) is None  # no GPU

@@ -13,7 +13,7 @@ from vramguard_operator.policy.merge import (
     policy_status,
 )
 
-from .builders import GI, NOW, policy
+from .builders import GI, NOW, policy, stale_policy
 
 TEAM = {"team": "ml"}
 
@@ -51,7 +51,7 @@ def test_policy_applies(spec: dict, ns: str, labels: dict, applies: bool) -> Non
 
 
 def test_malformed_selector_names_the_policy() -> None:
-    bad = policy("broken", namespaceSelector={"matchExpressions": [{"key": "k", "operator": "In"}]})
+    bad = stale_policy("broken", {"key": "k", "operator": "In"})
     with pytest.raises(ValueError, match="GPUMemoryPolicy broken: spec.namespaceSelector"):
         policy_applies(bad, "a", {})
     # merge skips it instead of failing for the other policies, and holds the
@@ -67,8 +67,7 @@ def test_malformed_selector_names_the_policy() -> None:
 def test_a_broken_dry_run_policy_holds_every_namespace_in_dry_run() -> None:
     # The audit policy meant for team=x has a selector with an empty In list; the
     # namespaces it cannot be matched against must not fall back to Enforce.
-    audit = policy("audit", mode="DryRun", namespaceSelector={
-        "matchExpressions": [{"key": "team", "operator": "In", "values": []}]})
+    audit = stale_policy("audit", {"key": "team", "operator": "In", "values": []}, mode="DryRun")
     enforce = policy("all", mode="Enforce")
     for ns, labels in (("ml", {"team": "x"}), ("web", {})):
         assert merge([audit, enforce], ns, labels).effective_mode == "DryRun"
@@ -188,7 +187,7 @@ def test_policy_status_lists_namespaces_and_overrides() -> None:
 
 
 def test_policy_status_invalid_selector() -> None:
-    bad = policy("bad", namespaceSelector={"matchExpressions": [{"key": "k", "operator": "Exists", "values": ["v"]}]})
+    bad = stale_policy("bad", {"key": "k", "operator": "Exists", "values": ["v"]})
     st = policy_status(bad, [bad], {"ml": {}}, NOW)
     assert st.conditions and st.conditions[0].reason == "InvalidSpec"
     assert "takes no values" in st.conditions[0].message
@@ -196,7 +195,6 @@ def test_policy_status_invalid_selector() -> None:
     assert "held in DryRun" in st.conditions[0].message
     # with no namespace to match (or only ones it exempts) it is still reported
     for namespaces in ({}, {"ml": {}}):
-        lone = policy("bad", exemptNamespaces=["ml"], namespaceSelector={
-            "matchExpressions": [{"key": "k", "operator": "In", "values": []}]})
+        lone = stale_policy("bad", {"key": "k", "operator": "In", "values": []}, exemptNamespaces=["ml"])
         st = policy_status(lone, [lone], namespaces, NOW)
         assert st.conditions and (st.conditions[0].status, st.conditions[0].reason) == ("False", "InvalidSpec")

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S, HistoryStore
+
 from .gpu import GPUBackend
-from .history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S, HistoryStore
 from .memory import DEFAULT_REFRESH_S, CgroupMemoryReader
 from .metrics import AgentMetrics, Health, Snapshot, serve
 from .pods import PodIndex, PodMeta, PodWatcher

@@ -21,11 +21,11 @@ from typing import Any
 
 from vramguard_api.cliargs import duration_arg as _duration
 from vramguard_api.cliargs import quantity_arg as _quantity
+from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S
 from vramguard_api.units import parse_duration, quantity_to_bytes
 
 from .agent import DEFAULT_METRICS_ADDRESS, Agent, AgentConfig, build, kube_clients
 from .cgroups import attribute_pid
-from .history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S
 from .memory import DEFAULT_REFRESH_S
 from .publish import (
     DEFAULT_DEADBAND_BYTES,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from vramguard_api.history import HistoryStore
 from vramguard_api.meta import Condition
 from vramguard_api.usage import AgentInfo, NodeGPUUsageStatus
 
@@ -25,7 +26,6 @@ from . import __version__
 from .aggregation import Aggregation, aggregate
 from .cgroups import Attribution, NotInPod, attribute_pid
 from .gpu import BackendUnavailable, GPUBackend, GPUSample
-from .history import HistoryStore
 from .memory import CgroupMemoryReader
 from .metrics import ContainerDeviceUsage
 from .pods import PodMeta

@@ -35,13 +35,13 @@ if __name__ == "__main__":  # the RSS child runs this file as a script
     sys.path[:0] = [str(ROOT / "api"), str(ROOT / "agent")]
 
 from vramguard_agent.fakenvml import FakeNVML  # noqa: E402
-from vramguard_agent.history import DEFAULT_TREND_INTERVAL_S, HistoryStore  # noqa: E402
 from vramguard_agent.memory import DEFAULT_REFRESH_S, CgroupMemoryReader  # noqa: E402
 from vramguard_agent.nvml import NVMLBackend  # noqa: E402
 from vramguard_agent.publish import PublishPolicy, decide, digest  # noqa: E402
 from vramguard_agent.sampler import Sampler  # noqa: E402
 from vramguard_agent.scenario import Scenario, SimNode  # noqa: E402
 from vramguard_agent.sim import FakeHost, SimBackend, assign_pids, fake_gpus, resolve  # noqa: E402
+from vramguard_api.history import DEFAULT_TREND_INTERVAL_S, HistoryStore  # noqa: E402
 
 DEVICES, PODS = 8, 128
 GIB = 1 << 30

@@ -10,8 +10,12 @@ built from that time's rows (a pod without a row at that time is reported with
 unknown usage), applies its decisions as a successful actions layer would
 (annotations, CPU resize, eviction: the pod is terminating afterwards) and
 carries the state to the next sample. With leak detection on, each pod's trend
-features are computed from its history exactly as the agent does (a window of
-``--trend-window`` seconds, minimum per bucket, ``compute_trend``).
+features come from the agent's own history code with the agent's defaults
+(``vramguard_api.history.HistoryStore``: ``--trend-window`` seconds, default
+7200, in 120 points each the minimum of its bucket, features recomputed every
+300 s per pod with the agent's per-pod stagger, which follows from the pod's
+uid: ``pod_uid``), so the leak rule sees the features the agent would have
+reported at each sample.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import argparse
 import csv
 import json
 import sys
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,8 +35,9 @@ import yaml
 from pydantic import ValidationError
 
 from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S, HistoryStore
 from vramguard_api.meta import LabelSelector
-from vramguard_api.trend import TrendFeatures, compute_trend
+from vramguard_api.trend import TrendFeatures
 from vramguard_api.units import format_bytes, quantity_to_bytes
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.engine.evaluate import evaluate
@@ -53,9 +59,8 @@ from vramguard_operator.engine.types import (
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # so that now.timestamp() == t_seconds
 NODE = "replay-node"
 DEVICE = "GPU-replay-0"
-TREND_WINDOW_S = 2 * 3600.0
-TREND_POINTS = 240
-TREND_INTERVAL_S = 60.0
+TREND_WINDOW_S = DEFAULT_WINDOW_S  # the agent's --history-window default
+REPLAY_UIDS = uuid.UUID("5d0c6f3e-1b7a-4c2e-9f4d-8a6b2e1c7d30")  # namespace of replayed pods' uids
 
 
 class ReplayError(ValueError):
@@ -112,7 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trend-window",
         type=float,
         default=TREND_WINDOW_S,
-        help="seconds of history for leak trend features, as the agent keeps (default 7200)",
+        help=f"seconds of history for leak trend features (default {TREND_WINDOW_S:.0f}, the agent's); as in the"
+        f" agent, {DEFAULT_MAX_POINTS} points per history, features recomputed every"
+        f" {DEFAULT_TREND_INTERVAL_S:.0f} s per pod",
     )
 
 
@@ -228,6 +235,17 @@ def labels_for(selector: LabelSelector) -> dict[str, str]:
 # --- the replay ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayStep:
+    """One sample time of a replay: the node report the engine saw (with each
+    pod's trend features, as the agent would have reported them) and what the
+    engine returned."""
+
+    t_seconds: float
+    report: NodeGPUUsage
+    output: EngineOutput
+
+
 def replay(
     budget: GPUMemoryBudget,
     samples: Sequence[Sample],
@@ -237,6 +255,22 @@ def replay(
     config: EngineConfig | None = None,
 ) -> list[ReplayEvent]:
     """Run the engine at every sample time; return the decisions in time order."""
+    events: list[ReplayEvent] = []
+    for step in replay_steps(budget, samples, device_bytes, trend_window_s=trend_window_s, config=config):
+        events.extend(_events(step.t_seconds, step.output.decisions))
+    return events
+
+
+def replay_steps(
+    budget: GPUMemoryBudget,
+    samples: Sequence[Sample],
+    device_bytes: int,
+    *,
+    trend_window_s: float = TREND_WINDOW_S,
+    config: EngineConfig | None = None,
+) -> Iterator[ReplayStep]:
+    """The replay, one ``ReplayStep`` per sample time (``samples`` sorted by time).
+    Raises ``ReplayError`` when no labels satisfy the budget's selector."""
     ns = budget.metadata.namespace or "replay"
     labels = labels_for(budget.spec.selector)
     first: dict[str, float] = {}
@@ -248,7 +282,7 @@ def replay(
         name: PodFacts(
             ns,
             name,
-            f"replay-{name}",
+            pod_uid(ns, name),
             labels,
             NODE,
             "Running",
@@ -257,13 +291,13 @@ def replay(
         for name in first
     }
     ld = budget.spec.leak_detection
-    trends = _Trends(trend_window_s) if ld is not None and ld.enabled else None
+    # The agent's history code and defaults; only the window follows --trend-window.
+    history = HistoryStore(window_s=trend_window_s) if ld is not None and ld.enabled else None
     budgets = [budget]
-    events: list[ReplayEvent] = []
     for t, rows in _by_time(samples):
         now = EPOCH + timedelta(seconds=t)
         alive = [p for name, p in pods.items() if first[name] <= t <= last[name]]
-        report = _report(now, t, ns, {r.pod: r for r in rows}, alive, device_bytes, trends)
+        report = _report(now, t, ns, {r.pod: r for r in rows}, alive, device_bytes, history)
         out = evaluate(
             EngineInput(
                 budgets=tuple(budgets),
@@ -274,10 +308,15 @@ def replay(
                 config=config or EngineConfig(),
             )
         )
-        events.extend(_events(t, out.decisions))
+        yield ReplayStep(t, report, out)
         budgets, new_pods = apply_output(out, budgets, alive)
         pods.update({p.name: p for p in new_pods})
-    return events
+
+
+def pod_uid(namespace: str, name: str) -> str:
+    """The uid a replayed pod gets: UUIDv5 of ``namespace/name`` (a real pod's uid
+    is a UUID too; the agent's trend refreshes are staggered by it)."""
+    return str(uuid.uuid5(REPLAY_UIDS, f"{namespace}/{name}"))
 
 
 def _by_time(samples: Sequence[Sample]) -> Iterable[tuple[float, list[Sample]]]:
@@ -291,33 +330,6 @@ def _by_time(samples: Sequence[Sample]) -> Iterable[tuple[float, list[Sample]]]:
         yield rows[0].t, rows
 
 
-class _Trends:
-    """Per-pod history and trend features, computed as the agent's history does:
-    points within the window, coalesced to their bucket's minimum, features
-    refreshed at most every ``TREND_INTERVAL_S``."""
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self.bucket_s = window_s / TREND_POINTS
-        self.points: dict[str, list[tuple[float, float]]] = {}
-        self.cache: dict[str, tuple[float, TrendFeatures]] = {}
-
-    def add(self, pod: str, t: float, value: int) -> TrendFeatures:
-        pts = self.points.setdefault(pod, [])
-        if pts and int(t // self.bucket_s) == int(pts[-1][0] // self.bucket_s):
-            pts[-1] = (t, min(pts[-1][1], value))
-        else:
-            pts.append((t, float(value)))
-        while pts and (t - pts[0][0] > self.window_s or len(pts) > TREND_POINTS):
-            pts.pop(0)
-        cached = self.cache.get(pod)
-        if cached is not None and t - cached[0] < TREND_INTERVAL_S:
-            return cached[1]
-        feats = compute_trend([p[0] for p in pts], [p[1] for p in pts])
-        self.cache[pod] = (t, feats)
-        return feats
-
-
 def _report(
     now: datetime,
     t: float,
@@ -325,8 +337,15 @@ def _report(
     rows: dict[str, Sample],
     alive: Sequence[PodFacts],
     device_bytes: int,
-    trends: _Trends | None,
+    history: HistoryStore | None,
 ) -> NodeGPUUsage:
+    trends: dict[str, TrendFeatures] = {}
+    if history is not None:
+        # As the agent's sampler: every pod's value (None: unknown, not recorded), then
+        # every pod's features on the schedule (a pod of unknown usage keeps its last).
+        vram = {p.uid: (rows[p.name].vram if p.name in rows else None) for p in alive}
+        history.add(t, vram)
+        trends = history.trends(vram, t)
     pods = []
     for p in alive:
         s = rows.get(p.name)
@@ -336,8 +355,8 @@ def _report(
         else:
             entry["vramBytes"] = s.vram
             entry["devices"] = [{"uuid": DEVICE, "usedBytes": s.vram}]
-            if trends is not None:
-                entry["trend"] = trends.add(p.name, t, s.vram).to_api()
+        if p.uid in trends:
+            entry["trend"] = trends[p.uid].to_api()
         if s is not None and s.ram is not None:
             entry["ramWorkingSetBytes"] = s.ram
         pods.append(entry)

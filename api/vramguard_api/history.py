@@ -1,29 +1,44 @@
-"""Bounded per-pod VRAM history and its trend features.
+"""Bounded per-pod VRAM history and its trend schedule: the one implementation
+that the agent runs live, ``vramguard replay`` runs offline and the leak
+benchmark measures, so that all three feed the leak rule the same features.
 
 Each pod keeps at most ``max_points`` points covering at most ``window_s``
 seconds. Points are coalesced into buckets of ``window_s / max_points`` seconds
-keeping the bucket's minimum: the trend features are computed on the lower
-envelope anyway (``vramguard_api.trend.compute_trend``), so the minimum is the
-part of a bucket that matters, and memory stays bounded whatever the sampling
-interval. Histories of pods not seen for a whole window are dropped.
+(aligned on multiples of the bucket length from time 0) keeping the bucket's
+minimum: the trend features are computed on the lower envelope anyway
+(``vramguard_api.trend.compute_trend``), so the minimum is the part of a bucket
+that matters, and memory stays bounded whatever the sampling interval.
+Histories of pods not seen for a whole window are dropped.
+
+Trend features are recomputed at most every ``trend_interval_s`` seconds per
+pod (Theil–Sen is quadratic in the number of points); between refreshes a pod's
+features are the last ones computed. A pod's first computation is back-dated by
+an offset derived from its uid (CRC-32, a fraction of the interval), so that
+pods that appeared together refresh at different samples. The schedule depends
+only on the sample times and the uid, so a replay of the same series with the
+same uid refreshes at the same samples as the agent did.
+
+Pure: no I/O, no clock (times are passed in), no NVML, no Kubernetes.
 """
 
 from __future__ import annotations
 
 import zlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from vramguard_api.trend import TrendFeatures, compute_trend
+from .trend import TrendFeatures, compute_trend
 
 DEFAULT_WINDOW_S = 2 * 3600.0
 DEFAULT_MAX_POINTS = 120  # one point per minute over the default window
 # The leak detector reads the floor in 5-minute blocks: fresher features add little.
 DEFAULT_TREND_INTERVAL_S = 300.0
+DEFAULT_MAX_PODS = 1024
 
 
 class PodHistory:
-    """One pod's VRAM series: times (seconds) and values (bytes), oldest first."""
+    """One pod's VRAM series: ``times`` (seconds) and ``values`` (bytes), oldest
+    first, at most ``max_points`` long and ``window_s`` wide."""
 
     __slots__ = ("times", "values", "_bucket_s", "_window_s", "_max_points")
 
@@ -63,21 +78,27 @@ class PodHistory:
 
 
 class HistoryStore:
-    """Histories of every pod, and their trend features, recomputed every
-    ``trend_interval_s`` seconds per pod (Theil–Sen is quadratic in the number
-    of points, so it is not run on every sample). Pods' recomputations are
-    spread over the interval, so that pods that appeared together do not all
-    recompute in the same sample."""
+    """Histories of every pod (keyed by pod uid) and their trend features on the
+    schedule described in the module docstring.
+
+    ``window_s`` (seconds, > 0) and ``max_points`` (>= 3) bound each history;
+    ``trend_interval_s`` (seconds, >= 0; 0 recomputes on every call) is the
+    refresh interval; at most ``max_pods`` histories are kept (a pod beyond
+    that gets none until others are forgotten). Raises ``ValueError`` naming
+    the setting and its value when one is out of range.
+    """
 
     def __init__(
         self,
         window_s: float = DEFAULT_WINDOW_S,
         max_points: int = DEFAULT_MAX_POINTS,
         trend_interval_s: float = DEFAULT_TREND_INTERVAL_S,
-        max_pods: int = 1024,
+        max_pods: int = DEFAULT_MAX_PODS,
     ) -> None:
         if window_s <= 0 or max_points < 3:
             raise ValueError(f"history: window_s must be > 0 and max_points >= 3, got {window_s}, {max_points}")
+        if trend_interval_s < 0:
+            raise ValueError(f"history: trend_interval_s must be >= 0, got {trend_interval_s}")
         self.window_s = window_s
         self.max_points = max_points
         self.trend_interval_s = trend_interval_s
@@ -86,8 +107,9 @@ class HistoryStore:
         self._last_seen: dict[str, float] = {}
         self._trends: dict[str, tuple[float, TrendFeatures]] = {}
 
-    def add(self, t: float, values: dict[str, int | None]) -> None:
-        """Record one sample: pod uid → VRAM bytes (None when unknown: not recorded)."""
+    def add(self, t: float, values: Mapping[str, int | None]) -> None:
+        """Record one sample at time ``t`` (seconds, not decreasing): pod uid →
+        VRAM bytes. None means unknown: the pod counts as seen, nothing is recorded."""
         for uid, value in values.items():
             self._last_seen[uid] = t
             if value is None:
@@ -107,7 +129,9 @@ class HistoryStore:
             self._trends.pop(uid, None)
 
     def trend(self, uid: str, now: float) -> TrendFeatures | None:
-        """The pod's trend features (cached for ``trend_interval_s``), None without history."""
+        """The pod's trend features at time ``now`` (seconds): recomputed when the
+        last computation is ``trend_interval_s`` old, else the cached ones; None
+        without history. Raises ``ValueError`` as ``compute_trend`` does."""
         history = self._histories.get(uid)
         if history is None or not len(history):
             return None
@@ -121,7 +145,7 @@ class HistoryStore:
         return features
 
     def trends(self, uids: Iterable[str], now: float) -> dict[str, TrendFeatures]:
-        """Trend features of each pod in ``uids`` that has a history."""
+        """Trend features (``trend``) of each pod in ``uids`` that has a history."""
         result: dict[str, TrendFeatures] = {}
         for uid in uids:
             features = self.trend(uid, now)

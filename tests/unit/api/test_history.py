@@ -1,12 +1,14 @@
-"""Bounded per-pod history and its trend features."""
+"""Bounded per-pod history and its trend schedule (vramguard_api.history), shared by
+the agent, `vramguard replay` and the leak benchmark."""
 
 from __future__ import annotations
 
 import pytest
 
-from vramguard_agent.history import HistoryStore, PodHistory
+from vramguard_api.history import HistoryStore, PodHistory
 
-from .builders import GIB, MIB
+MIB = 1 << 20
+GIB = 1 << 30
 
 
 def test_history_is_bounded_in_points_and_time():
@@ -82,3 +84,5 @@ def test_first_refreshes_are_spread_over_the_interval():
 def test_invalid_settings_are_refused():
     with pytest.raises(ValueError, match="max_points"):
         HistoryStore(window_s=60.0, max_points=2)
+    with pytest.raises(ValueError, match="trend_interval_s must be >= 0, got -1"):
+        HistoryStore(trend_interval_s=-1.0)

@@ -13,6 +13,7 @@ help:
 	@echo "make test      unit + end-to-end tests (builds the local cluster on first use)"
 	@echo "make verify    generated files, lint, types, import layers and sizes"
 	@echo "make cluster   start the local cluster; make cluster-down removes it"
+	@echo "make bench     benchmarks: figures printed and written to bench-results.json"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -72,8 +73,9 @@ demo: venv
 	hack/cluster/build.sh
 	$(PYTHON) hack/demo/run.py $(DEMO_FLAGS)
 
+# Figures are printed and written to bench-results.json (README, "Development").
 bench: venv
-	$(PYTHON) -m pytest -m benchmark -s tests
+	$(PYTHON) -m pytest -m benchmark -s --bench-results=bench-results.json tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

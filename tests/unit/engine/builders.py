@@ -9,7 +9,7 @@ from typing import Any
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.meta import LabelSelector, LabelSelectorRequirement
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.cli.replay import apply_output
+from vramguard_operator.cli.replay_run import apply_output
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import (
     ContainerFacts,

@@ -22,17 +22,8 @@ from vramguard_agent.sim import SimBackend
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.history import HistoryStore
 from vramguard_api.usage import NodeGPUUsage, NodeGPUUsageStatus
-from vramguard_operator.cli.replay import (
-    EPOCH,
-    NODE,
-    ReplayEvent,
-    apply_output,
-    labels_for,
-    parse_usage,
-    pod_uid,
-    replay,
-    replay_steps,
-)
+from vramguard_operator.cli.replay import ReplayEvent, parse_usage, replay
+from vramguard_operator.cli.replay_run import EPOCH, NODE, apply_output, labels_for, pod_uid, replay_steps
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import ContainerFacts, EffectivePolicy, EngineInput, PodFacts
 

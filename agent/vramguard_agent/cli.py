@@ -21,9 +21,10 @@ from typing import Any
 
 from vramguard_api.cliargs import duration_arg as _duration
 from vramguard_api.cliargs import quantity_arg as _quantity
+from vramguard_api.kube import api_client
 from vramguard_api.units import parse_duration, quantity_to_bytes
 
-from .agent import DEFAULT_METRICS_ADDRESS, Agent, AgentConfig, build, kube_clients
+from .agent import DEFAULT_METRICS_ADDRESS, Agent, AgentConfig, build
 from .cgroups import attribute_pid
 from .history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S
 from .memory import DEFAULT_REFRESH_S
@@ -254,7 +255,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _api(kubeconfig: str | None) -> Any:
     """An API client, or None (with the reason on stderr) when no configuration loads."""
     try:
-        return kube_clients(kubeconfig)
+        return api_client(kubeconfig)
     except Exception as err:  # noqa: BLE001 - ConfigException, a missing or malformed file
         print(
             f"vramguard-agent: cannot load a Kubernetes configuration ({kubeconfig or 'in-cluster'}): {err}",
@@ -327,7 +328,7 @@ def cmd_fake_host(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         from kubernetes import client
 
         index = PodIndex()
-        PodWatcher(client.CoreV1Api(kube_clients(args.kubeconfig)), node.name, index).list_once()
+        PodWatcher(client.CoreV1Api(api_client(args.kubeconfig)), node.name, index).list_once()
         pods = index.snapshot()
     identities = resolve(node, pods)
     pids = assign_pids(node)

@@ -22,15 +22,16 @@ import time
 from typing import Any
 
 import kopf
-from kubernetes import client, config
 
+from vramguard_api import BUDGETS, GROUP, POLICIES, REPORTS, VERSION
+from vramguard_api.kube import api_client
 from vramguard_operator.controller import indexes
-from vramguard_operator.controller.actions import Applier, EventRecorder, EvictionLimiter, KubeActions
+from vramguard_operator.controller.api_calls import KubeActions
+from vramguard_operator.controller.applier import Applier
+from vramguard_operator.controller.events import EventRecorder
 from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.controller.reconcile import OperatorConfig, Reconciler
-
-GROUP, VERSION = "vramguard.io", "v1alpha1"
-BUDGETS, POLICIES, REPORTS = "gpumemorybudgets", "gpumemorypolicies", "nodegpuusages"
 
 log = logging.getLogger("vramguard.handlers")
 
@@ -43,14 +44,6 @@ def process_metrics() -> Metrics:
     if _metrics is None:
         _metrics = Metrics()
     return _metrics
-
-
-def _api_client() -> client.ApiClient:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
 
 
 def configure(settings: kopf.OperatorSettings, watch_timeout: float) -> None:
@@ -95,7 +88,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **k
     cfg: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
     configure(settings, float(memo.get("watch_timeout") or 300))
     metrics = memo.get("metrics") or process_metrics()
-    api = _api_client()
+    api = api_client()
     actions = KubeActions(api, timeout_seconds=cfg.request_timeout)
     limiter = EvictionLimiter(cfg.default_rate_limit, cfg.eviction_retry)
     recorder = EventRecorder(actions.core, timeout_seconds=cfg.request_timeout)

@@ -12,7 +12,7 @@ fire on time without any event). Each evaluation:
 2. works out, per namespace, the effective GPUMemoryPolicy (cluster-wide mode,
    exempt namespaces, eviction rate limits) and groups namespaces by it;
 3. runs ``engine.evaluate`` once per group, in a worker thread;
-4. applies each output in the documented order (``actions.Applier``) and writes
+4. applies each output in the documented order (``applier.Applier``) and writes
    the budget statuses that changed.
 
 Nothing about escalation is kept in memory: it lives on the pods (annotations)
@@ -36,9 +36,10 @@ from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
 from vramguard_api.policy import EvictionRateLimit, GPUMemoryPolicy
 from vramguard_api.units import parse_duration
-from vramguard_operator.controller.actions import Applier, ApplyContext, ApplyResult, EvictionLimiter
+from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyResult
 from vramguard_operator.controller.indexes import BudgetEntry, Overlay, Snapshot, Versioned, has_vramguard_state
 from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.engine import budget_status as bs
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import (

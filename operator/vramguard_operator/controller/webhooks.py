@@ -40,15 +40,16 @@ from typing import Any
 import jsonpatch
 import kopf
 
+from vramguard_api import BUDGETS, GROUP, VERSION
 from vramguard_operator.controller import handlers, policy_handlers  # noqa: F401  (register the indexes read here)
 from vramguard_operator.controller.certs import TLSFiles, ensure_certificates
 from vramguard_operator.controller.index_views import budgets_of, labels_of, nodes_of, policies_of
+from vramguard_operator.controller.kubeapi import plain
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.mutation import admission_limit, mutate_pod
 from vramguard_operator.policy.shares import PodGPURequest, candidate_nodes
 from vramguard_operator.policy.validation import check_budget, format_errors, throttled_jobs, validate_pod
 
-GROUP, VERSION, BUDGETS = "vramguard.io", "v1alpha1", "gpumemorybudgets"
 MANAGED_NAME = "vramguard.io"
 
 log = logging.getLogger("vramguard.webhooks")
@@ -151,11 +152,11 @@ async def validate_budget_webhook(
 ) -> None:
     """Reject a budget above its policies' ceilings (an UPDATE that leaves the
     spec as it was is admitted, with the same warnings)."""
-    obj = _plain(body)
+    obj = plain(body)
     ns = (obj.get("metadata") or {}).get("namespace") or ""
     result = check_budget(obj, policies_of(policy_index), labels_of(namespace_index, ns))
     warnings.extend(result.warnings)
-    unchanged = old is not None and _plain(old).get("spec") == obj.get("spec")
+    unchanged = old is not None and plain(old).get("spec") == obj.get("spec")
     if result.errors and not unchanged:
         name = (obj.get("metadata") or {}).get("name") or ""
         raise kopf.AdmissionError(format_errors("GPUMemoryBudget", name, result.errors), code=422)
@@ -170,7 +171,7 @@ async def validate_pod_webhook(
     **_: Any,
 ) -> None:
     """Reject a new pod of a job whose total budget is throttled."""
-    pod = _plain(body)
+    pod = plain(body)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
     merged = merge(policies_of(policy_index), ns, labels_of(namespace_index, ns))
     if merged.exempt:
@@ -195,7 +196,7 @@ async def mutate_pod_webhook(
     **_: Any,
 ) -> None:
     """Inject framework memory caps into a GPU pod where a policy opts in."""
-    pod = _plain(body)
+    pod = plain(body)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
     merged = merge(policies_of(policy_index), ns, labels_of(namespace_index, ns))
     if merged.exempt or merged.inject_framework_caps is None:
@@ -209,19 +210,6 @@ async def mutate_pod_webhook(
     if ops:
         patch.fns.append(functools.partial(_apply_ops, ops))
         log.info("pod %s/%s: injected %s", ns, _pod_name(pod), record)
-
-
-def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep plain copy of a kopf body (mappings and lists)."""
-
-    def conv(v: Any) -> Any:
-        if isinstance(v, Mapping):
-            return {k: conv(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [conv(x) for x in v]
-        return v
-
-    return conv(body)
 
 
 def _pod_name(pod: Mapping[str, Any]) -> str:

@@ -180,9 +180,12 @@ def _api() -> client.CustomObjectsApi:
 
 
 async def _write_statuses(memo: kopf.Memo, policies: Any, namespaces: Any) -> None:
-    rec = memo.get("reconciler")
-    if rec is not None:  # wait until the indexes hold the initial listings
-        await rec.ready.wait()
+    # Wait until the indexes hold the initial listings: the reconciler (made by
+    # handlers.operator_startup, whichever startup handler kopf runs first)
+    # knows when they do.
+    while (rec := memo.get("reconciler")) is None:
+        await asyncio.sleep(0.05)
+    await rec.ready.wait()
     api = await asyncio.to_thread(_api)
     while True:
         bodies = [b for store in policies.values() for b in store]

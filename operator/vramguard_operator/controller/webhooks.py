@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
@@ -43,8 +41,10 @@ import kopf
 from vramguard_api import BUDGETS, GROUP, VERSION
 from vramguard_operator.controller import handlers, policy_handlers  # noqa: F401  (register the indexes read here)
 from vramguard_operator.controller.certs import TLSFiles, ensure_certificates
+from vramguard_operator.controller.handlers import operator_settings
 from vramguard_operator.controller.index_views import budgets_of, labels_of, nodes_of, policies_of
 from vramguard_operator.controller.kubeapi import plain
+from vramguard_operator.controller.settings import WebhookConfig
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.mutation import admission_limit, mutate_pod
 from vramguard_operator.policy.shares import PodGPURequest, candidate_nodes
@@ -53,55 +53,6 @@ from vramguard_operator.policy.validation import check_budget, format_errors, th
 MANAGED_NAME = "vramguard.io"
 
 log = logging.getLogger("vramguard.webhooks")
-
-
-# --- configuration ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookConfig:
-    """Where the webhook server listens and how the API server reaches it.
-
-    ``port``: HTTPS port. ``tls_dir``: directory of ``tls.crt``/``tls.key``/
-    ``ca.crt`` (see ``certs``). ``addr``: listen address. ``host``: the host the
-    API server calls in managed mode (its certificate's first SAN). ``managed``:
-    let kopf maintain the webhook configurations. ``extra_sans``: more names
-    for a generated certificate.
-    """
-
-    port: int
-    tls_dir: str
-    addr: str = "0.0.0.0"
-    host: str = "127.0.0.1"
-    managed: bool = False
-    extra_sans: tuple[str, ...] = field(default_factory=tuple)
-
-    def hosts(self) -> list[str]:
-        """Names the serving certificate must cover."""
-        names = [self.host, "localhost", "127.0.0.1", *self.extra_sans]
-        if self.addr not in ("0.0.0.0", "::", ""):
-            names.append(self.addr)
-        return list(dict.fromkeys(names))
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> WebhookConfig | None:
-        """From ``VRAMGUARD_WEBHOOK_PORT`` (required), ``_TLS_DIR``, ``_ADDRESS``,
-        ``_HOST``, ``_MANAGED`` (``true``) and ``_EXTRA_SANS`` (comma-separated);
-        None when no port is set. Raises ``ValueError`` naming a bad variable."""
-        port = env.get("VRAMGUARD_WEBHOOK_PORT")
-        if not port:
-            return None
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"VRAMGUARD_WEBHOOK_PORT: want a port number, got {port!r}")
-        sans = tuple(s for s in env.get("VRAMGUARD_WEBHOOK_EXTRA_SANS", "").split(",") if s)
-        return cls(
-            port=int(port),
-            tls_dir=env.get("VRAMGUARD_WEBHOOK_TLS_DIR", "/tmp/vramguard-webhook-tls"),
-            addr=env.get("VRAMGUARD_WEBHOOK_ADDRESS", "0.0.0.0"),
-            host=env.get("VRAMGUARD_WEBHOOK_HOST", "127.0.0.1"),
-            managed=env.get("VRAMGUARD_WEBHOOK_MANAGED", "").lower() == "true",
-            extra_sans=sans,
-        )
 
 
 def configure_admission(settings: kopf.OperatorSettings, cfg: WebhookConfig) -> TLSFiles:
@@ -128,10 +79,10 @@ def configure_admission(settings: kopf.OperatorSettings, cfg: WebhookConfig) -> 
 
 @kopf.on.startup()
 async def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Configure the admission server from ``memo.webhook`` (set by ``vramguard
-    operator``) or the ``VRAMGUARD_WEBHOOK_*`` variables. Without either, kopf
-    refuses to start (its admission handlers need a server)."""
-    cfg = memo.get("webhook") or WebhookConfig.from_env()
+    """Configure the admission server from the operator's settings
+    (``--webhook-port`` and the ``VRAMGUARD_WEBHOOK_*`` variables). Without a
+    port, kopf refuses to start (its admission handlers need a server)."""
+    cfg = operator_settings(memo).webhook
     if cfg is None:
         log.error("admission webhooks are loaded but not configured: set VRAMGUARD_WEBHOOK_PORT")
         return

@@ -91,9 +91,9 @@ class Duration(click.ParamType):
         if isinstance(value, float):
             return value
         try:
-            return parse_duration(str(value), field="duration")
-        except ValueError:
-            self.fail(f"want a duration such as 30s, 10m or 1h30m, got {value!r}", param, ctx)
+            return parse_duration(str(value), field="")
+        except ValueError as err:  # units' message names the value and what is wanted
+            self.fail(str(err).removeprefix(": "), param, ctx)
 
 
 class Quantity(click.ParamType):
@@ -107,9 +107,9 @@ class Quantity(click.ParamType):
         if isinstance(value, int):
             return value
         try:
-            return quantity_to_bytes(str(value))
-        except ValueError:
-            self.fail(f"want a quantity such as 64Mi or 1G, got {value!r}", param, ctx)
+            return quantity_to_bytes(str(value), field="")
+        except ValueError as err:
+            self.fail(str(err).removeprefix(": "), param, ctx)
 
 
 class WholeNumber(click.ParamType):

@@ -75,21 +75,6 @@ class Components:
             fn()
 
 
-def kube_clients(kubeconfig: str | None) -> Any:
-    """An ``ApiClient`` from the in-cluster config, else the kubeconfig file."""
-    from kubernetes import client, config
-
-    if kubeconfig is None:
-        try:
-            config.load_incluster_config()
-            return client.ApiClient()
-        except config.ConfigException:
-            pass
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return client.ApiClient(configuration)
-
-
 def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False) -> Components:
     """Assemble backend and sampler; with ``api_client`` also the pod watcher, and
     with ``publish`` the reporter that writes the NodeGPUUsage."""

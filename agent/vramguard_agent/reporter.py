@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vramguard_api import GROUP, VERSION
+from vramguard_api import GROUP, REPORTS, VERSION
 from vramguard_api.usage import NodeGPUUsageStatus
 
 log = logging.getLogger(__name__)
 
-PLURAL = "nodegpuusages"
 KIND = "NodeGPUUsage"
 FIELD_MANAGER = "vramguard-agent"
 DEFAULT_BACKOFF_S = 1.0
@@ -128,7 +127,7 @@ class Reporter:
         self.api.patch_cluster_custom_object_status(
             GROUP,
             VERSION,
-            PLURAL,
+            REPORTS,
             self.node_name,
             body,
             field_manager=FIELD_MANAGER,
@@ -140,7 +139,7 @@ class Reporter:
             self.api.create_cluster_custom_object(
                 GROUP,
                 VERSION,
-                PLURAL,
+                REPORTS,
                 manifest(self.node_name, self._node_uid()),
                 field_manager=FIELD_MANAGER,
                 _request_timeout=REQUEST_TIMEOUT_S,

@@ -8,3 +8,8 @@ Imports neither kopf nor pynvml.
 GROUP = "vramguard.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+
+# The resources' plural names (the URL path segments of the API).
+BUDGETS = "gpumemorybudgets"
+POLICIES = "gpumemorypolicies"
+REPORTS = "nodegpuusages"

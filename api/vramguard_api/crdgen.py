@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from . import GROUP, VERSION
+from . import BUDGETS, GROUP, POLICIES, REPORTS, VERSION
 from .budget import GPUMemoryBudgetSpec, GPUMemoryBudgetStatus
 from .policy import GPUMemoryPolicySpec, GPUMemoryPolicyStatus
 from .usage import NodeGPUUsageSpec, NodeGPUUsageStatus
@@ -55,7 +55,7 @@ _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"
 RESOURCES = [
     Resource(
         kind="GPUMemoryBudget",
-        plural="gpumemorybudgets",
+        plural=BUDGETS,
         short_name="gmb",
         scope="Namespaced",
         spec=GPUMemoryBudgetSpec,
@@ -73,7 +73,7 @@ RESOURCES = [
     ),
     Resource(
         kind="GPUMemoryPolicy",
-        plural="gpumemorypolicies",
+        plural=POLICIES,
         short_name="gmp",
         scope="Cluster",
         spec=GPUMemoryPolicySpec,
@@ -88,7 +88,7 @@ RESOURCES = [
     ),
     Resource(
         kind="NodeGPUUsage",
-        plural="nodegpuusages",
+        plural=REPORTS,
         short_name="ngu",
         scope="Cluster",
         spec=NodeGPUUsageSpec,

@@ -9,7 +9,10 @@ from typing import Any
 
 import plan as P  # hack/demo/plan.py (run.py puts hack/demo on sys.path)
 
-from vramguard_operator.cli import top as top_cmd
+from vramguard_operator.cli.top.command import fetch as top_fetch
+from vramguard_operator.cli.top.model import Snapshot as TopSnapshot
+from vramguard_operator.cli.top.render import render as top_render
+from vramguard_operator.cli.top.rows import build_rows
 
 
 def span(seconds: float) -> str:
@@ -76,8 +79,8 @@ def who(r: P.PodOutcome) -> str:
 
 def table(api: Any, namespaces: Sequence[str]) -> str:
     """The ``vramguard top`` table of ``namespaces`` merged into one."""
-    snaps = [top_cmd.fetch(api, ns) for ns in namespaces]
-    merged = top_cmd.Snapshot(
+    snaps = [top_fetch(api, ns) for ns in namespaces]
+    merged = TopSnapshot(
         pods=[p for s in snaps for p in s.pods],
         budgets=[b for s in snaps for b in s.budgets],
         policies=snaps[0].policies,
@@ -85,8 +88,8 @@ def table(api: Any, namespaces: Sequence[str]) -> str:
         namespace_labels=snaps[0].namespace_labels,
         now=datetime.now(UTC),
     )
-    rows, notes = top_cmd.build_rows(merged)
-    return top_cmd.render(rows, notes, all_namespaces=True)
+    rows, notes = build_rows(merged)
+    return top_render(rows, notes, all_namespaces=True)
 
 
 def print_outcomes(

@@ -304,6 +304,10 @@ def test_op_restart_resumes_at_the_right_step(kube: Kube, operator: OperatorProc
     j0 = run_pods(kube.core, namespace, [pod_manifest("j0", node, {"app": "job"})])["j0"]
     publish(kube.custom, node, [Usage(j0, 12 * GI)])
     wait_for(lambda: steps_on_pod(kube.pod(namespace, "j0")) == ["Annotate"], 10, "j0 annotated")
+    # The step's Events are posted right after its annotation: a kill between the
+    # two would lose them (what this test asserts is that a restart never repeats them).
+    for uid in (j0.metadata.uid, budget["metadata"]["uid"]):
+        wait_for(lambda u=uid: "LimitExceeded" in reasons(kube, namespace, u), 10, "the Annotate step's Events")
 
     operator.stop(kill=True)  # a crash in the middle of the escalation
     try:

@@ -17,6 +17,7 @@ pods are still created, because the pod webhooks fail open.
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -491,6 +492,53 @@ def test_pol_vgpu_share_is_computed_on_usable_memory(
     # the A10-24Q's report: 24576 MiB total, 1536 MiB reserved by the hypervisor
     assert limits["perDevice"]["source"] == "vgpu/usable"
     assert limits["perDevice"]["bytes"] == (24576 - 1536) * MI
+
+
+class KopfRunOperator(OperatorProcess):
+    """``kopf run --standalone -m vramguard_operator.controller.handlers``: the
+    operator without its command, its settings from ``VRAMGUARD_*`` variables."""
+
+    def command(self) -> list[str]:
+        ns_args = [a for ns in self.namespaces for a in ("-n", ns)]
+        return [
+            sys.executable, "-m", "kopf", "run", "--standalone", "-m", "vramguard_operator.controller.handlers",
+            *ns_args, f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
+        ]
+
+    def env(self) -> dict[str, str]:
+        return {
+            "VRAMGUARD_METRICS_PORT": str(self.metrics_port),
+            "VRAMGUARD_METRICS_ADDRESS": "127.0.0.1",
+            "VRAMGUARD_EVALUATION_PERIOD": "1s",
+        }
+
+
+def test_pol_kopf_run_keeps_implicit_budgets_and_reads_the_variables(
+    cluster: Any, api: client.ApiClient, gpu_nodes: list[str], policies: list[str]
+) -> None:
+    """docs/operator.md: ``kopf run -m vramguard_operator.controller.handlers``
+    works, implicit budgets included, with the settings (here the metrics
+    server's port and address) from the variables."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    namespace = f"t-test-kopf-run-{uuid.uuid4().hex[:6]}"  # not in the pool: the other operator ignores it
+    core.create_namespace({"metadata": {"name": namespace}})
+    op = KopfRunOperator(cluster.kubeconfig, [namespace])
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in op.env().items():
+                mp.setenv(k, v)
+            op.start()
+        publish_report(custom, "gpu-pol-ts", NODES["gpu-pol-ts"][1], [])
+        create_policy(api, policies, f"share-{namespace}", namespace, defaults={"shareFromNode": True})
+        run_pod(core, namespace, gpu_pod("alone", "gpu-pol-ts", {"nvidia.com/gpu": "1"}))
+        limits = wait_for(lambda: limits_of(core, namespace, "alone"), 30, "the pod's effective limit")
+        assert limits["perDevice"]["source"] == "node/time-slicing:4"
+        assert limits["perDevice"]["bytes"] == (81559 - 529) * MI // 4
+        assert op.metric("vramguard_node_report_age_seconds", node="gpu-pol-ts") is not None
+    finally:
+        op.stop()
+        core.delete_namespace(namespace)
+        print(f"kopf run log ({op.log}):\n{op.tail(40)}")
 
 
 # --- status: where limits and the mode came from -----------------------------------------------

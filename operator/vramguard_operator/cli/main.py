@@ -1,8 +1,11 @@
-"""The ``vramguard`` command: ``operator``, ``analyze``, ``replay``, ``top``.
+"""The ``vramguard`` command: ``operator``, ``top``, ``analyze``, ``replay``.
 
-Each subcommand lives in its own module with ``add_arguments`` and ``run``;
-those modules import kopf only inside ``run``, so that ``vramguard analyze``
-and ``replay`` work without kopf or a cluster.
+A click group. ``operator`` and ``top`` are click commands whose options come
+from one table each (``controller.settings`` and ``top``); ``analyze`` and
+``replay`` declare argparse arguments (``add_arguments(parser)`` and
+``run(args)``) and are passed their command line as it is. Nothing here
+imports kopf or the Kubernetes client: ``vramguard analyze`` and ``replay``
+work without either and without a cluster.
 """
 
 from __future__ import annotations
@@ -10,34 +13,64 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
+
+import click
+
+from vramguard_operator.cli.run_operator import operator_command
+from vramguard_operator.cli.top.command import top_command
 
 # subcommand -> (module, help); each module defines add_arguments(parser) and run(args) -> int
-SUBCOMMANDS = {
-    "operator": ("vramguard_operator.cli.run_operator", "run the operator (kopf) with its webhooks"),
+ARGPARSE_SUBCOMMANDS = {
     "analyze": ("vramguard_operator.cli.analyze", "say whether a VRAM log shows a leak"),
     "replay": ("vramguard_operator.cli.replay", "replay recorded usage against a budget offline"),
-    "top": ("vramguard_operator.cli.top", "show pods, their usage and their budgets"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="vramguard", description="GPU memory budgets for Kubernetes: the operator and its tools."
+def argparse_command(name: str, module_name: str, help_text: str) -> click.Command:
+    """A click command that hands its whole command line (``--help`` included)
+    to the argparse parser of ``module_name``'s ``add_arguments`` and calls its
+    ``run``; returns ``run``'s exit status."""
+
+    @click.command(
+        name,
+        help=help_text,
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+    def command(argv: tuple[str, ...]) -> int:
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(p)
-        p.set_defaults(_run=module.run)
-    return parser
+        parser = argparse.ArgumentParser(prog=f"vramguard {name}", description=help_text)
+        module.add_arguments(parser)
+        return int(module.run(parser.parse_args(list(argv))))
+
+    return command
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``vramguard``; returns the process exit status."""
-    args = build_parser().parse_args(argv)
-    return int(args._run(args))
+@click.group(name="vramguard", help="GPU memory budgets for Kubernetes: the operator and its tools.")
+def vramguard() -> None:
+    """The command group (its subcommands do the work)."""
+
+
+vramguard.add_command(operator_command)
+vramguard.add_command(top_command)
+for _name, (_module, _help) in ARGPARSE_SUBCOMMANDS.items():
+    vramguard.add_command(argparse_command(_name, _module, _help))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``vramguard``; returns the process exit status (2 with a
+    message on stderr for a bad flag or value)."""
+    try:
+        rv = vramguard.main(args=list(argv) if argv is not None else None, prog_name="vramguard",
+                            standalone_mode=False)
+    except click.ClickException as err:
+        err.show()
+        return err.exit_code
+    except click.Abort:
+        return 1
+    return int(rv or 0)
 
 
 if __name__ == "__main__":

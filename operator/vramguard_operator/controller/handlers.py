@@ -8,9 +8,13 @@ annotations and adds no finalizers: pods, budgets and reports are read, never
 marked by the framework. Every handler is ``async`` so that it runs on the
 event loop at once instead of queuing for a worker thread (latency).
 
-Run with ``vramguard operator`` (``run_operator``), or ``kopf run --standalone
--m vramguard_operator.controller.handlers`` (settings then come from ``VRAMGUARD_*``
-environment variables: ``reconcile.OperatorConfig.from_env``).
+Run with ``vramguard operator`` (``runner``), or ``kopf run --standalone -m
+vramguard_operator.controller.handlers`` (add ``-m
+vramguard_operator.controller.webhooks`` for the admission webhooks): importing
+this module registers every handler of the operator, the policy handlers
+(implicit budgets, policy status) included, and its settings then come from the
+``VRAMGUARD_*`` variables through the same table as the command's flags
+(``settings.settings_from_env``); the metrics server is started here then.
 """
 
 from __future__ import annotations
@@ -22,36 +26,22 @@ import time
 from typing import Any
 
 import kopf
-from kubernetes import client, config
 
-from vramguard_operator.controller import indexes
-from vramguard_operator.controller.actions import Applier, EventRecorder, EvictionLimiter, KubeActions
-from vramguard_operator.controller.metrics import Metrics
-from vramguard_operator.controller.reconcile import OperatorConfig, Reconciler
-
-GROUP, VERSION = "vramguard.io", "v1alpha1"
-BUDGETS, POLICIES, REPORTS = "gpumemorybudgets", "gpumemorypolicies", "nodegpuusages"
+from vramguard_api import BUDGETS, GROUP, POLICIES, REPORTS, VERSION
+from vramguard_api.kube import api_client
+from vramguard_operator.controller import (
+    indexes,
+    policy_handlers,  # noqa: F401  (registers the policy handlers)
+)
+from vramguard_operator.controller.api_calls import KubeActions
+from vramguard_operator.controller.applier import Applier
+from vramguard_operator.controller.events import EventRecorder
+from vramguard_operator.controller.metrics import process_metrics, serve_metrics
+from vramguard_operator.controller.ratelimit import EvictionLimiter
+from vramguard_operator.controller.reconcile import Reconciler
+from vramguard_operator.controller.settings import OperatorSettings, settings_of
 
 log = logging.getLogger("vramguard.handlers")
-
-_metrics: Metrics | None = None
-
-
-def process_metrics() -> Metrics:
-    # prometheus-client registers names once per registry: one Metrics per process.
-    global _metrics
-    if _metrics is None:
-        _metrics = Metrics()
-    return _metrics
-
-
-def _api_client() -> client.ApiClient:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
-
 
 def configure(settings: kopf.OperatorSettings, watch_timeout: float) -> None:
     """kopf settings, explicit because the defaults do not suit this operator."""
@@ -88,14 +78,25 @@ def configure(settings: kopf.OperatorSettings, watch_timeout: float) -> None:
     settings.persistence.finalizer = "vramguard.io/kopf-finalizer"
 
 
+def operator_settings(memo: kopf.Memo) -> OperatorSettings:
+    """The operator's settings (``settings.settings_of``); a bad value in the
+    environment stops the operator (``kopf.PermanentError``) with its message."""
+    try:
+        return settings_of(memo)
+    except ValueError as err:
+        raise kopf.PermanentError(str(err)) from None
+
+
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     """Configure kopf and start the reconcile loop (it waits for the indexes,
     which kopf passes to every handler under their handlers' names)."""
-    cfg: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
-    configure(settings, float(memo.get("watch_timeout") or 300))
-    metrics = memo.get("metrics") or process_metrics()
-    api = _api_client()
+    ours = operator_settings(memo)
+    cfg = ours.config
+    configure(settings, ours.watch_timeout)
+    serve_metrics(ours.metrics_port, ours.metrics_address)  # once per process: kopf run has not yet
+    metrics = process_metrics()
+    api = api_client()
     actions = KubeActions(api, timeout_seconds=cfg.request_timeout)
     limiter = EvictionLimiter(cfg.default_rate_limit, cfg.eviction_retry)
     recorder = EventRecorder(actions.core, timeout_seconds=cfg.request_timeout)
@@ -208,4 +209,3 @@ async def policy_event(memo: kopf.Memo, **_: Any) -> None:
 async def namespace_event(memo: kopf.Memo, **_: Any) -> None:
     """A namespace changed (labels select policies): re-evaluate."""
     _wake(memo)
-

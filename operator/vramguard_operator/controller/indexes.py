@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
+from vramguard_operator.controller.kubeapi import plain
 from vramguard_operator.engine.types import ANNOTATION_PREFIX, PodFacts
 
 T = TypeVar("T")
@@ -58,11 +59,6 @@ def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
     return body.get("metadata") or {}
 
 
-def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A plain dict of a kopf body (its views are mappings of raw data)."""
-    return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in body.items()}
-
-
 def _problem(kind: str, body: Mapping[str, Any], err: Exception) -> str:
     meta = _meta(body)
     where = "/".join(x for x in (meta.get("namespace"), meta.get("name")) if x)
@@ -79,7 +75,7 @@ def _problem(kind: str, body: Mapping[str, Any], err: Exception) -> str:
 def pod_entry(body: Mapping[str, Any]) -> Versioned[PodFacts]:
     """The index entry of a pod. Raises ``ValueError`` when metadata is incomplete."""
     meta = _meta(body)
-    facts = PodFacts.from_api(_plain(body))
+    facts = PodFacts.from_api(plain(body))
     return Versioned(facts.uid, str(meta.get("resourceVersion") or ""), facts)
 
 
@@ -105,7 +101,7 @@ class BudgetEntry:
 
 def budget_entry(body: Mapping[str, Any]) -> Versioned[BudgetEntry]:
     """The index entry of a GPUMemoryBudget (never raises on a bad spec)."""
-    meta, data = _meta(body), _plain(body)
+    meta, data = _meta(body), plain(body)
     ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
     generation = meta.get("generation")
@@ -130,7 +126,7 @@ def budget_entry(body: Mapping[str, Any]) -> Versioned[BudgetEntry]:
 def report_entry(body: Mapping[str, Any]) -> Versioned[NodeGPUUsage | str]:
     """The index entry of a NodeGPUUsage: the model, or why it does not parse."""
     meta = _meta(body)
-    data = _plain(body)
+    data = plain(body)
     data["metadata"] = {"name": meta.get("name"), "uid": meta.get("uid")}
     uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
     try:
@@ -148,7 +144,7 @@ def report_node(body: Mapping[str, Any]) -> str:
 def policy_entry(body: Mapping[str, Any]) -> Versioned[GPUMemoryPolicy | str]:
     """The index entry of a GPUMemoryPolicy: the model, or why it does not parse."""
     meta = _meta(body)
-    data = {k: v for k, v in _plain(body).items() if k in ("apiVersion", "kind", "spec")}
+    data = {k: v for k, v in plain(body).items() if k in ("apiVersion", "kind", "spec")}
     data["metadata"] = {"name": meta.get("name"), "uid": meta.get("uid")}
     uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
     try:

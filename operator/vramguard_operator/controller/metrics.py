@@ -32,13 +32,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter as _Tally
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
+
+log = logging.getLogger("vramguard.operator")
 
 # From 5 ms (an evaluation with nothing to do) to 10 s (a slow API server).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -168,3 +171,29 @@ class Metrics:
         for node, age in ages.items():
             self.report_age.labels(node=node).set(age)
         self._report_nodes = set(ages)
+
+
+_process_metrics: Metrics | None = None
+_served: tuple[str, int] | None = None
+
+
+def process_metrics() -> Metrics:
+    """The process's ``Metrics`` on the default registry (prometheus-client
+    registers names once per registry: one ``Metrics`` per process)."""
+    global _process_metrics
+    if _process_metrics is None:
+        _process_metrics = Metrics()
+    return _process_metrics
+
+
+def serve_metrics(port: int, address: str) -> None:
+    """Serve ``/metrics`` of the default registry on ``address:port``
+    (prometheus-client's HTTP server, in a daemon thread); port 0 serves
+    nothing. Once per process: later calls do nothing. Raises ``OSError``
+    when the port cannot be bound."""
+    global _served
+    if port == 0 or _served is not None:
+        return
+    start_http_server(port, addr=address)
+    _served = (address, port)
+    log.info("metrics on %s:%d/metrics", address, port)

@@ -24,18 +24,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
+from vramguard_api import GROUP, POLICIES, VERSION
 from vramguard_api import conditions as C
+from vramguard_api.kube import api_client
 from vramguard_api.policy import GPUMemoryPolicy, GPUMemoryPolicyStatus
 from vramguard_operator.controller.index_views import namespaces_of
+from vramguard_operator.controller.kubeapi import MERGE_PATCH, merge_patch, plain
 from vramguard_operator.engine.budget_status import ConditionSpec, settle_conditions
 from vramguard_operator.policy.merge import HELD, policy_status
 from vramguard_operator.policy.shares import KAI_GPU_FRACTION, KAI_GPU_MEMORY, PodGPURequest
 
-GROUP, VERSION, POLICIES = "vramguard.io", "v1alpha1", "gpumemorypolicies"
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "aliyun.com/")
 POLICY_STATUS_INTERVAL = 5.0  # seconds; a policy's namespaces change rarely
 _KEPT_ANNOTATIONS = (KAI_GPU_MEMORY, KAI_GPU_FRACTION, "vramguard.io/limits")
@@ -84,27 +86,12 @@ def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
         "spec": {
             "nodeName": spec.get("nodeName"),
             "containers": [
-                {"name": c.get("name"), "resources": _plain(c.get("resources") or {})}
+                {"name": c.get("name"), "resources": plain(c.get("resources") or {})}
                 for c in spec.get("containers") or ()
             ],
         },
         "status": {"phase": (body.get("status") or {}).get("phase")},
     }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
-    """A JSON merge patch from ``current`` to ``desired`` (top-level keys; None
-    removes a key); empty when they are equal."""
-    current = current or {}
-    patch: dict[str, Any] = {k: v for k, v in desired.items() if current.get(k) != v}
-    patch.update({k: None for k in current if k not in desired})
-    return patch
 
 
 # --- handlers -----------------------------------------------------------------------
@@ -132,7 +119,7 @@ async def policy_status_index(body: kopf.Body, name: str, **_: Any) -> dict[str,
 
 def policy_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """A policy trimmed to what its status is computed from."""
-    data = _plain(body)
+    data = plain(body)
     meta = data.get("metadata") or {}
     out = {k: data[k] for k in ("apiVersion", "kind", "spec", "status") if k in data}
     out["metadata"] = {k: meta.get(k) for k in ("name", "uid", "generation")}
@@ -157,7 +144,7 @@ def desired_statuses(
     every = [p for p, _ in parsed]
     for policy, body in parsed:
         desired = policy_status(policy, every, namespaces, now).to_api()
-        patch = status_patch(body.get("status"), desired)
+        patch = merge_patch(body.get("status"), desired)
         if patch:
             out[policy.metadata.name or ""] = patch
     return out
@@ -182,24 +169,23 @@ def invalid_status_patch(
         conditions=settle_conditions(wanted, previous, gen, now),
         matchedNamespaces=0,
     ).to_api()
-    patch = status_patch(body.get("status"), desired)
+    patch = merge_patch(body.get("status"), desired)
     if patch:  # logged when the status changes, not on every pass
         log.warning("%s; %s", text, HELD)
     return name, patch
 
 
 def _api() -> client.CustomObjectsApi:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.CustomObjectsApi(client.ApiClient())
+    return client.CustomObjectsApi(api_client())
 
 
 async def _write_statuses(memo: kopf.Memo, policies: Any, namespaces: Any) -> None:
-    rec = memo.get("reconciler")
-    if rec is not None:  # wait until the indexes hold the initial listings
-        await rec.ready.wait()
+    # Wait until the indexes hold the initial listings: the reconciler (made by
+    # handlers.operator_startup, whichever startup handler kopf runs first)
+    # knows when they do.
+    while (rec := memo.get("reconciler")) is None:
+        await asyncio.sleep(0.05)
+    await rec.ready.wait()
     api = await asyncio.to_thread(_api)
     while True:
         bodies = [b for store in policies.values() for b in store]
@@ -209,7 +195,7 @@ async def _write_statuses(memo: kopf.Memo, policies: Any, namespaces: Any) -> No
                 await asyncio.to_thread(
                     api.patch_cluster_custom_object_status,
                     GROUP, VERSION, POLICIES, name, {"status": patch},
-                    _content_type="application/merge-patch+json",
+                    _content_type=MERGE_PATCH,
                 )
             except ApiException as err:
                 if err.status != 404:  # a deleted policy needs no status

@@ -32,75 +32,27 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
 import kopf
 
+from vramguard_api import BUDGETS, GROUP, VERSION
 from vramguard_operator.controller import handlers, policy_handlers  # noqa: F401  (register the indexes read here)
 from vramguard_operator.controller.certs import TLSFiles, ensure_certificates
+from vramguard_operator.controller.handlers import operator_settings
 from vramguard_operator.controller.index_views import budgets_of, labels_of, nodes_of, policies_of
+from vramguard_operator.controller.kubeapi import plain
+from vramguard_operator.controller.settings import WebhookConfig
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.mutation import admission_limit, mutate_pod
 from vramguard_operator.policy.shares import PodGPURequest, candidate_nodes
 from vramguard_operator.policy.validation import check_budget, format_errors, throttled_jobs, validate_pod
 
-GROUP, VERSION, BUDGETS = "vramguard.io", "v1alpha1", "gpumemorybudgets"
 MANAGED_NAME = "vramguard.io"
 
 log = logging.getLogger("vramguard.webhooks")
-
-
-# --- configuration ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookConfig:
-    """Where the webhook server listens and how the API server reaches it.
-
-    ``port``: HTTPS port. ``tls_dir``: directory of ``tls.crt``/``tls.key``/
-    ``ca.crt`` (see ``certs``). ``addr``: listen address. ``host``: the host the
-    API server calls in managed mode (its certificate's first SAN). ``managed``:
-    let kopf maintain the webhook configurations. ``extra_sans``: more names
-    for a generated certificate.
-    """
-
-    port: int
-    tls_dir: str
-    addr: str = "0.0.0.0"
-    host: str = "127.0.0.1"
-    managed: bool = False
-    extra_sans: tuple[str, ...] = field(default_factory=tuple)
-
-    def hosts(self) -> list[str]:
-        """Names the serving certificate must cover."""
-        names = [self.host, "localhost", "127.0.0.1", *self.extra_sans]
-        if self.addr not in ("0.0.0.0", "::", ""):
-            names.append(self.addr)
-        return list(dict.fromkeys(names))
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> WebhookConfig | None:
-        """From ``VRAMGUARD_WEBHOOK_PORT`` (required), ``_TLS_DIR``, ``_ADDRESS``,
-        ``_HOST``, ``_MANAGED`` (``true``) and ``_EXTRA_SANS`` (comma-separated);
-        None when no port is set. Raises ``ValueError`` naming a bad variable."""
-        port = env.get("VRAMGUARD_WEBHOOK_PORT")
-        if not port:
-            return None
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"VRAMGUARD_WEBHOOK_PORT: want a port number, got {port!r}")
-        sans = tuple(s for s in env.get("VRAMGUARD_WEBHOOK_EXTRA_SANS", "").split(",") if s)
-        return cls(
-            port=int(port),
-            tls_dir=env.get("VRAMGUARD_WEBHOOK_TLS_DIR", "/tmp/vramguard-webhook-tls"),
-            addr=env.get("VRAMGUARD_WEBHOOK_ADDRESS", "0.0.0.0"),
-            host=env.get("VRAMGUARD_WEBHOOK_HOST", "127.0.0.1"),
-            managed=env.get("VRAMGUARD_WEBHOOK_MANAGED", "").lower() == "true",
-            extra_sans=sans,
-        )
 
 
 def configure_admission(settings: kopf.OperatorSettings, cfg: WebhookConfig) -> TLSFiles:
@@ -127,10 +79,10 @@ def configure_admission(settings: kopf.OperatorSettings, cfg: WebhookConfig) -> 
 
 @kopf.on.startup()
 async def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Configure the admission server from ``memo.webhook`` (set by ``vramguard
-    operator``) or the ``VRAMGUARD_WEBHOOK_*`` variables. Without either, kopf
-    refuses to start (its admission handlers need a server)."""
-    cfg = memo.get("webhook") or WebhookConfig.from_env()
+    """Configure the admission server from the operator's settings
+    (``--webhook-port`` and the ``VRAMGUARD_WEBHOOK_*`` variables). Without a
+    port, kopf refuses to start (its admission handlers need a server)."""
+    cfg = operator_settings(memo).webhook
     if cfg is None:
         log.error("admission webhooks are loaded but not configured: set VRAMGUARD_WEBHOOK_PORT")
         return
@@ -151,11 +103,11 @@ async def validate_budget_webhook(
 ) -> None:
     """Reject a budget above its policies' ceilings (an UPDATE that leaves the
     spec as it was is admitted, with the same warnings)."""
-    obj = _plain(body)
+    obj = plain(body)
     ns = (obj.get("metadata") or {}).get("namespace") or ""
     result = check_budget(obj, policies_of(policy_index), labels_of(namespace_index, ns))
     warnings.extend(result.warnings)
-    unchanged = old is not None and _plain(old).get("spec") == obj.get("spec")
+    unchanged = old is not None and plain(old).get("spec") == obj.get("spec")
     if result.errors and not unchanged:
         name = (obj.get("metadata") or {}).get("name") or ""
         raise kopf.AdmissionError(format_errors("GPUMemoryBudget", name, result.errors), code=422)
@@ -170,7 +122,7 @@ async def validate_pod_webhook(
     **_: Any,
 ) -> None:
     """Reject a new pod of a job whose total budget is throttled."""
-    pod = _plain(body)
+    pod = plain(body)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
     merged = merge(policies_of(policy_index), ns, labels_of(namespace_index, ns))
     if merged.exempt:
@@ -195,7 +147,7 @@ async def mutate_pod_webhook(
     **_: Any,
 ) -> None:
     """Inject framework memory caps into a GPU pod where a policy opts in."""
-    pod = _plain(body)
+    pod = plain(body)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
     merged = merge(policies_of(policy_index), ns, labels_of(namespace_index, ns))
     if merged.exempt or merged.inject_framework_caps is None:
@@ -209,19 +161,6 @@ async def mutate_pod_webhook(
     if ops:
         patch.fns.append(functools.partial(_apply_ops, ops))
         log.info("pod %s/%s: injected %s", ns, _pod_name(pod), record)
-
-
-def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep plain copy of a kopf body (mappings and lists)."""
-
-    def conv(v: Any) -> Any:
-        if isinstance(v, Mapping):
-            return {k: conv(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [conv(x) for x in v]
-        return v
-
-    return conv(body)
 
 
 def _pod_name(pod: Mapping[str, Any]) -> str:

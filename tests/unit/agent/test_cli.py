@@ -6,14 +6,28 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import pytest
 
-from vramguard_agent.cli import main, parser
+from vramguard_agent.agent import AgentConfig
+from vramguard_agent.cli import main
+from vramguard_agent.settings import agent_config, parse
 from vramguard_api.usage import NodeGPUUsageStatus
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "examples" / "scenarios" / "demo.yaml"
+
+
+def parse_args(argv: list[str]) -> SimpleNamespace:
+    """The values ``vramguard-agent ARGV`` is told, as attributes (``command`` too)."""
+    parsed = parse(argv)
+    return SimpleNamespace(command=parsed.command, **parsed.params)
+
+
+def _config(args: SimpleNamespace) -> AgentConfig:
+    return agent_config(vars(args))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -92,38 +106,37 @@ def test_run_without_a_cluster_configuration_is_a_clear_error(tmp_path, capsys, 
 
 
 def test_bad_durations_and_fractions_are_refused():
-    with pytest.raises(SystemExit):
-        parser().parse_args(["run", "--sample-interval", "often"])
-    with pytest.raises(SystemExit):
-        parser().parse_args(["run", "--deadband-fraction", "2"])
+    with pytest.raises(click.UsageError):
+        parse_args(["run", "--sample-interval", "often"])
+    with pytest.raises(click.UsageError):
+        parse_args(["run", "--deadband-fraction", "2"])
 
 
 def test_run_defaults_and_environment(monkeypatch):
     monkeypatch.setenv("NODE_NAME", "gpu-1")
     monkeypatch.setenv("VRAMGUARD_SAMPLE_INTERVAL", "15s")
     monkeypatch.setenv("VRAMGUARD_DEADBAND", "128Mi")
-    args = parser().parse_args(["run"])
+    args = parse_args(["run"])
     assert (args.node, args.sample_interval, args.deadband) == ("gpu-1", 15.0, 128 * 1024 * 1024)
     assert (args.heartbeat, args.min_report_interval, args.deadband_fraction) == (30.0, 5.0, 0.02)
     assert args.backend == "nvml" and args.metrics_address == ":9402"
 
 
 def test_sim_speed_flag_environment_and_errors(monkeypatch):
-    assert parser().parse_args(["run"]).sim_speed == 1.0
-    assert parser().parse_args(["once", "--sim-speed", "60"]).sim_speed == 60.0
+    assert parse_args(["run"]).sim_speed == 1.0
+    assert parse_args(["once", "--sim-speed", "60"]).sim_speed == 60.0
     monkeypatch.setenv("VRAMGUARD_SIM_SPEED", "30")
-    assert parser().parse_args(["run"]).sim_speed == 30.0
+    assert parse_args(["run"]).sim_speed == 30.0
     for bad in ("0", "-2", "fast", "inf"):
-        with pytest.raises(SystemExit):
-            parser().parse_args(["run", "--sim-speed", bad])
+        with pytest.raises(click.UsageError):
+            parse_args(["run", "--sim-speed", bad])
 
 
 def test_once_at_sim_speed_samples_scenario_time(tmp_path):
     """``--sim-speed`` reaches the simulated backend (it fails for a bad value)."""
     from vramguard_agent.agent import build
-    from vramguard_agent.cli import _config
 
-    args = parser().parse_args(
+    args = parse_args(
         ["once", "--backend", "sim", "--scenario", str(DEMO), "--node", "gpu-a10-vgpu", "--sim-speed", "120"]
     )
     parts = build(_config(args))
@@ -145,28 +158,24 @@ def test_once_at_sim_speed_samples_scenario_time(tmp_path):
 ])
 def test_bad_environment_values_name_the_variable_not_a_traceback(monkeypatch, capsys, var, value, flag):
     monkeypatch.setenv(var, value)
-    top = parser()  # building the parser does not convert environment values
-    with pytest.raises(SystemExit) as exit_:
-        top.parse_args(["once", "--node", "n"])
-    assert exit_.value.code == 2
+    assert main(["once", "--node", "n"]) == 2
     err = capsys.readouterr().err
     assert flag in err and var in err and repr(value) in err
 
 
 def test_flags_override_bad_environment_values_and_levels_are_case_insensitive(monkeypatch):
     monkeypatch.setenv("VRAMGUARD_HISTORY_POINTS", "many")
-    args = parser().parse_args(["once", "--history-points", "50", "--log-level", "debug"])
+    args = parse_args(["once", "--history-points", "50", "--log-level", "debug"])
     assert (args.history_points, args.log_level) == (50, "DEBUG")
 
 
 def test_ram_interval_flag_and_environment_reach_the_cgroup_reader(monkeypatch):
     from vramguard_agent.agent import build
-    from vramguard_agent.cli import _config
 
-    assert _config(parser().parse_args(["run", "--node", "n"])).ram_interval_s == 30.0
+    assert _config(parse_args(["run", "--node", "n"])).ram_interval_s == 30.0
     monkeypatch.setenv("VRAMGUARD_RAM_INTERVAL", "1m")
-    assert _config(parser().parse_args(["run", "--node", "n"])).ram_interval_s == 60.0
-    args = parser().parse_args(
+    assert _config(parse_args(["run", "--node", "n"])).ram_interval_s == 60.0
+    args = parse_args(
         ["once", "--backend", "sim", "--scenario", str(DEMO), "--node", "gpu-a10-vgpu", "--ram-interval", "0s"]
     )
     parts = build(_config(args))
@@ -174,8 +183,8 @@ def test_ram_interval_flag_and_environment_reach_the_cgroup_reader(monkeypatch):
         assert parts.sampler.memory.refresh_s == 0.0
     finally:
         parts.close()
-    with pytest.raises(SystemExit):
-        parser().parse_args(["run", "--ram-interval", "-5s"])
+    with pytest.raises(click.UsageError):
+        parse_args(["run", "--ram-interval", "-5s"])
 
 
 @pytest.mark.parametrize(("var", "value", "flag"), [
@@ -185,7 +194,8 @@ def test_ram_interval_flag_and_environment_reach_the_cgroup_reader(monkeypatch):
 ])
 def test_bad_run_environment_values_name_the_variable(monkeypatch, capsys, var, value, flag):
     monkeypatch.setenv(var, value)
-    with pytest.raises(SystemExit) as exit_:
-        parser().parse_args(["run", "--node", "n"])
+    with pytest.raises(click.UsageError) as exit_:
+        parse_args(["run", "--node", "n"])
+    exit_.value.show()  # what the command prints
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and flag in err and var in err and repr(value) in err
+    assert exit_.value.exit_code == 2 and flag in err and var in err and repr(value) in err

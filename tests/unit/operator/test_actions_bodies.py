@@ -13,16 +13,11 @@ from hypothesis import strategies as st
 from kubernetes.client import CoreV1Event, V1Eviction
 from kubernetes.client.rest import ApiException
 
-from vramguard_operator.controller.actions import (
-    annotations_patch,
-    api_error_text,
-    budget_object,
-    event_body,
-    eviction_body,
-    merge_patch,
-    pod_object,
-    resize_patch,
-)
+from vramguard_operator.controller.api_calls import annotations_patch
+from vramguard_operator.controller.events import budget_object, event_body, pod_object
+from vramguard_operator.controller.evictions import eviction_body
+from vramguard_operator.controller.kubeapi import api_error_text, merge_patch
+from vramguard_operator.controller.resize import resize_patch
 from vramguard_operator.engine.types import BudgetRef, ContainerCPU, EventSpec, PodRef
 
 POD = PodRef("ml", "w0", "uid-w0")

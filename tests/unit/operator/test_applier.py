@@ -16,16 +16,11 @@ from prometheus_client import CollectorRegistry
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.policy import EvictionRateLimit
-from vramguard_operator.controller.actions import (
-    Applier,
-    ApplyContext,
-    ApplyResult,
-    EventRecorder,
-    EvictionLimiter,
-    KubeActions,
-    ObjectRef,
-)
+from vramguard_operator.controller.api_calls import KubeActions
+from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyResult
+from vramguard_operator.controller.events import EventRecorder, ObjectRef
 from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_VIOLATIONS,

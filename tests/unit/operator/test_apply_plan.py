@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vramguard_operator.controller.actions import merged_resize, plan_pod_work
+from vramguard_operator.controller.applier import plan_pod_work
+from vramguard_operator.controller.resize import merged_resize
 from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     ContainerCPU,

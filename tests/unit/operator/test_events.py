@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from vramguard_operator.controller.actions import EventCorrelator, ObjectRef
+from vramguard_operator.controller.events import EventCorrelator, ObjectRef
 from vramguard_operator.engine.types import EventSpec
 
 T0 = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)

@@ -10,14 +10,14 @@ import pytest
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry
-from vramguard_operator.controller.reconcile import (
-    OperatorConfig,
+from vramguard_operator.controller.planning import (
     invalid_status,
     namespace_policies,
     note_resize_errors,
     plan,
     scope_of,
 )
+from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.engine.types import EngineConfig
 
 from ..engine.builders import budget, pod, report, vram

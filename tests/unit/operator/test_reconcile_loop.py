@@ -16,11 +16,15 @@ from prometheus_client import CollectorRegistry
 
 from vramguard_api.policy import EvictionRateLimit
 from vramguard_operator.controller import reconcile
-from vramguard_operator.controller.actions import Applier, EventRecorder, EvictionLimiter, KubeActions
+from vramguard_operator.controller.api_calls import KubeActions
+from vramguard_operator.controller.applier import Applier
+from vramguard_operator.controller.events import EventRecorder
 from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.controller.policy_handlers import gpu_pod_entry, node_entry
-from vramguard_operator.controller.reconcile import OperatorConfig, Reconciler
+from vramguard_operator.controller.ratelimit import EvictionLimiter
+from vramguard_operator.controller.reconcile import Reconciler
+from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.engine.types import PodFacts
 
 from ..agent.stubapi import StubAPI

@@ -1,45 +1,60 @@
-"""The ``vramguard operator`` command's flags."""
+"""The ``vramguard operator`` command's flags and variables: one table
+(``controller.settings.parameters``) read into ``OperatorSettings``, by the
+command and by ``kopf run`` (``settings_from_env``) alike."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import click
 import pytest
 
-from vramguard_operator.cli.main import build_parser
-from vramguard_operator.cli.run_operator import config_from_args
+from vramguard_operator.cli.main import main
+from vramguard_operator.controller.settings import (
+    DEFAULT_LIVENESS,
+    OperatorSettings,
+    WebhookConfig,
+    parameters,
+    parse_settings,
+    settings_from_env,
+)
+
+CHART_ARGS = ["--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz",
+              "--metrics-port=9090", "--webhook-port=9443", "--webhook-tls-dir=/tls"]
 
 
-def test_chart_arguments_parse_and_defaults_hold(monkeypatch):
-    for var in ("VRAMGUARD_EVALUATION_PERIOD", "VRAMGUARD_FRESHNESS"):
-        monkeypatch.delenv(var, raising=False)
-    args = build_parser().parse_args(
-        ["operator", "--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz",
-         "--metrics-port=9090", "--webhook-port=9443", "--webhook-tls-dir=/tls"]
-    )
-    cfg = config_from_args(args)
-    assert args.namespace == [] and args.metrics_port == 9090
+def get(settings: Any, path: str) -> Any:
+    """``settings.a.b`` for path ``"a.b"``."""
+    for part in path.split("."):
+        settings = getattr(settings, part)
+    return settings
+
+
+def test_chart_arguments_parse_and_defaults_hold():
+    settings = parse_settings(CHART_ARGS, env={})
+    cfg = settings.config
+    assert settings.namespaces == () and settings.metrics_port == 9090
     assert (cfg.evaluation_period, cfg.freshness, cfg.debounce) == (5.0, 60.0, 0.02)
     assert (cfg.default_rate_limit.per_minute, cfg.default_rate_limit.burst) == (2, 2)
+    assert settings.webhook == WebhookConfig(9443, "/tls")
 
 
 def test_test_settings_come_from_flags_or_environment(monkeypatch):
     monkeypatch.setenv("VRAMGUARD_FRESHNESS", "15s")
-    args = build_parser().parse_args(
-        ["operator", "-n", "t-*", "-n", "ml", "--evaluation-period", "1s", "--eviction-retry", "2s"]
-    )
-    cfg = config_from_args(args)
-    assert args.namespace == ["t-*", "ml"]
+    settings = parse_settings(["-n", "t-*", "-n", "ml", "--evaluation-period", "1s", "--eviction-retry", "2s"])
+    cfg = settings.config
+    assert settings.namespaces == ("t-*", "ml")
     assert (cfg.evaluation_period, cfg.eviction_retry, cfg.freshness) == (1.0, 2.0, 15.0)
 
 
 def test_bad_values_name_the_flag(capsys):
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["operator", "--freshness", "a while"])
+    assert main(["operator", "--freshness", "a while"]) == 2
     assert "--freshness" in capsys.readouterr().err
-    args = build_parser().parse_args(["operator", "--eviction-burst", "0"])
-    with pytest.raises(ValueError, match="--eviction-burst"):
-        config_from_args(args)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["operator", "-A", "-n", "ml"])
+    with pytest.raises(click.BadParameter) as err:
+        parse_settings(["--eviction-burst", "0"], env={})
+    assert "--eviction-burst" in err.value.format_message()
+    with pytest.raises(click.UsageError):
+        parse_settings(["-A", "-n", "ml"], env={})
 
 
 @pytest.mark.parametrize(("var", "value", "flag"), [
@@ -50,14 +65,136 @@ def test_bad_values_name_the_flag(capsys):
 ])
 def test_bad_environment_values_name_the_variable_not_a_traceback(monkeypatch, capsys, var, value, flag):
     monkeypatch.setenv(var, value)
-    parser = build_parser()  # building the parser does not convert environment values
-    with pytest.raises(SystemExit) as exit_:
-        parser.parse_args(["operator"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
+    assert main(["operator"]) == 2
+    out, err = capsys.readouterr()
     assert flag in err and var in err and repr(value) in err
+    assert out == ""  # errors go to stderr
 
 
 def test_a_flag_overrides_a_bad_environment_value(monkeypatch):
     monkeypatch.setenv("VRAMGUARD_METRICS_PORT", "http")
-    assert build_parser().parse_args(["operator", "--metrics-port", "9091"]).metrics_port == 9091
+    assert parse_settings(["--metrics-port", "9091"]).metrics_port == 9091
+
+
+# --- every setting: flag > variable > default ---------------------------------------------
+
+# (flag, variable, value for the variable, value for the flag, settings path,
+#  read from the variable, read from the flag, default)
+ENV_SETTINGS = [
+    ("--liveness", "VRAMGUARD_LIVENESS", "", "http://127.0.0.1:1/healthz", "liveness",
+     "", "http://127.0.0.1:1/healthz", DEFAULT_LIVENESS),
+    ("--metrics-port", "VRAMGUARD_METRICS_PORT", "0", "9091", "metrics_port", 0, 9091, 9090),
+    ("--metrics-address", "VRAMGUARD_METRICS_ADDRESS", "127.0.0.1", "::1", "metrics_address",
+     "127.0.0.1", "::1", "0.0.0.0"),
+    ("--evaluation-period", "VRAMGUARD_EVALUATION_PERIOD", "1s", "2m", "config.evaluation_period", 1.0, 120.0, 5.0),
+    ("--debounce", "VRAMGUARD_DEBOUNCE", "50ms", "1s", "config.debounce", 0.05, 1.0, 0.02),
+    ("--freshness", "VRAMGUARD_FRESHNESS", "2m", "15s", "config.freshness", 120.0, 15.0, 60.0),
+    ("--eviction-retry", "VRAMGUARD_EVICTION_RETRY", "1m", "2s", "config.eviction_retry", 60.0, 2.0, 30.0),
+    ("--request-timeout", "VRAMGUARD_REQUEST_TIMEOUT", "3s", "1500ms", "config.request_timeout", 3.0, 1.5, 10.0),
+    ("--watch-timeout", "VRAMGUARD_WATCH_TIMEOUT", "1m", "10m", "watch_timeout", 60.0, 600.0, 300.0),
+    ("--eviction-rate-per-minute", "VRAMGUARD_EVICTION_RATE_PER_MINUTE", "0", "12",
+     "config.default_rate_limit.per_minute", 0, 12, 2),
+    ("--eviction-burst", "VRAMGUARD_EVICTION_BURST", "5", "1", "config.default_rate_limit.burst", 5, 1, 2),
+    ("--webhook-port", "VRAMGUARD_WEBHOOK_PORT", "8443", "9443", "webhook.port", 8443, 9443, None),
+    ("--webhook-tls-dir", "VRAMGUARD_WEBHOOK_TLS_DIR", "/env-tls", "/flag-tls", "webhook.tls_dir",
+     "/env-tls", "/flag-tls", "/tmp/vramguard-webhook-tls"),
+    ("--webhook-address", "VRAMGUARD_WEBHOOK_ADDRESS", "10.0.0.5", "::", "webhook.addr", "10.0.0.5", "::", "0.0.0.0"),
+    ("--webhook-host", "VRAMGUARD_WEBHOOK_HOST", "svc.ns", "10.1.1.1", "webhook.host", "svc.ns", "10.1.1.1",
+     "127.0.0.1"),
+    ("--webhook-managed", "VRAMGUARD_WEBHOOK_MANAGED", "true", "false", "webhook.managed", True, False, False),
+    ("--webhook-extra-sans", "VRAMGUARD_WEBHOOK_EXTRA_SANS", "a.svc,b.svc", "c.svc", "webhook.extra_sans",
+     ("a.svc", "b.svc"), ("c.svc",), ()),
+]
+# flags without a variable: (arguments, settings path, value)
+FLAG_SETTINGS = [
+    (["-n", "ml", "--namespace", "t-*"], "namespaces", ("ml", "t-*")),
+    (["-A"], "namespaces", ()),
+    (["--standalone"], "namespaces", ()),  # accepted, changes nothing
+    (["-v"], "verbose", True),
+    (["--debug"], "debug", True),
+    (["-q"], "quiet", True),
+]
+
+
+def _base(path: str, flag: str) -> dict[str, str]:
+    # the other webhook settings are read only when a port is set
+    return {"VRAMGUARD_WEBHOOK_PORT": "7443"} if path.startswith("webhook.") and flag != "--webhook-port" else {}
+
+
+@pytest.mark.parametrize(("flag", "var", "env_value", "flag_value", "path", "from_env", "from_flag", "default"),
+                         ENV_SETTINGS, ids=[row[0] for row in ENV_SETTINGS])
+def test_every_setting_reads_its_flag_over_its_variable_over_its_default(
+    flag, var, env_value, flag_value, path, from_env, from_flag, default
+):
+    base = _base(path, flag)
+    if path.startswith("webhook.") and default is None:
+        assert parse_settings([], env=base).webhook is None  # no port: no webhooks
+    else:
+        assert get(parse_settings([], env=base), path) == default
+    assert get(parse_settings([], env={**base, var: env_value}), path) == from_env
+    assert get(parse_settings([flag, flag_value], env={**base, var: env_value}), path) == from_flag
+    assert get(parse_settings([f"{flag}={flag_value}"], env=base), path) == from_flag
+
+
+@pytest.mark.parametrize(("argv", "path", "value"), FLAG_SETTINGS, ids=[" ".join(r[0]) for r in FLAG_SETTINGS])
+def test_flags_without_a_variable_reach_the_settings(argv, path, value):
+    assert get(parse_settings(argv, env={}), path) == value
+
+
+def test_the_tables_cover_every_parameter():
+    """A new flag must be added to the tables above (and so tested)."""
+    named = {row[0] for row in ENV_SETTINGS} | {a for row in FLAG_SETTINGS for a in row[0] if a.startswith("-")}
+    for param in parameters():
+        assert set(param.opts) & named, f"{param.opts} is not tested"
+    variables = {p.envvar for p in parameters() if p.envvar}
+    assert variables == {row[1] for row in ENV_SETTINGS}
+
+
+def test_defaults_are_the_documented_ones():
+    assert parse_settings([], env={}) == OperatorSettings()
+
+
+# (flag, variable, bad value)
+BAD_VALUES = [
+    ("--metrics-port", "VRAMGUARD_METRICS_PORT", "-1"),
+    ("--eviction-rate-per-minute", "VRAMGUARD_EVICTION_RATE_PER_MINUTE", "-1"),
+    ("--eviction-burst", "VRAMGUARD_EVICTION_BURST", "0"),
+    ("--webhook-port", "VRAMGUARD_WEBHOOK_PORT", "https"),
+    ("--webhook-port", "VRAMGUARD_WEBHOOK_PORT", "70000"),
+    *((flag, var, "a while") for flag, var, *_ in ENV_SETTINGS if flag in (
+        "--evaluation-period", "--debounce", "--freshness", "--eviction-retry", "--request-timeout",
+        "--watch-timeout")),
+    ("--freshness", "VRAMGUARD_FRESHNESS", "-5s"),
+]
+
+
+@pytest.mark.parametrize(("flag", "var", "bad"), BAD_VALUES, ids=[f"{r[0]}={r[2]}" for r in BAD_VALUES])
+def test_a_bad_value_names_flag_variable_and_value(flag, var, bad):
+    for argv, env in (([flag, bad], {}), ([], {var: bad})):
+        with pytest.raises(click.BadParameter) as err:
+            parse_settings(argv, env=env)
+        text = err.value.format_message()
+        assert flag in text and var in text and repr(bad) in text, text
+
+
+def test_kopf_run_reads_the_same_table_from_the_environment():
+    env = {"VRAMGUARD_FRESHNESS": "2m", "VRAMGUARD_METRICS_PORT": "0", "VRAMGUARD_WEBHOOK_PORT": "9443"}
+    assert settings_from_env(env) == parse_settings([], env=env)
+    with pytest.raises(ValueError, match=r"--freshness.*VRAMGUARD_FRESHNESS.*'soon'"):
+        settings_from_env({"VRAMGUARD_FRESHNESS": "soon"})
+
+
+def test_the_process_environment_is_read_when_none_is_given(monkeypatch):
+    monkeypatch.setenv("VRAMGUARD_EVICTION_BURST", "4")
+    assert parse_settings([]).config.default_rate_limit.burst == 4
+    assert settings_from_env().config.default_rate_limit.burst == 4
+
+
+def test_an_empty_webhook_port_variable_means_no_webhooks():
+    assert parse_settings([], env={"VRAMGUARD_WEBHOOK_PORT": ""}).webhook is None
+
+
+@pytest.mark.parametrize("argv", [["-v", "-q"], ["-d", "--verbose"], ["-A", "-n", "ml"]])
+def test_flags_that_exclude_each_other_are_refused(argv):
+    with pytest.raises(click.UsageError, match="cannot be used together"):
+        parse_settings(argv, env={})

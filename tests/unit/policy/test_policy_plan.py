@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
-from vramguard_operator.controller.policy_handlers import gpu_pod_entry, status_patch
+from vramguard_operator.controller.kubeapi import merge_patch
+from vramguard_operator.controller.policy_handlers import gpu_pod_entry
 from vramguard_operator.engine.types import BudgetRef, BudgetStatusUpdate, PodFacts
 from vramguard_operator.policy.implicit import ANNOTATION_LIMITS, IMPLICIT_LABEL
 from vramguard_operator.policy.merge import merge
@@ -116,9 +117,12 @@ def test_gpu_pod_entry_trims() -> None:
 
 
 def test_status_patch() -> None:
-    assert status_patch({"a": 1, "b": 2}, {"a": 1, "b": 2}) == {}
-    assert status_patch({"a": 1, "b": 2}, {"a": 3}) == {"a": 3, "b": None}
-    assert status_patch(None, {"a": 1}) == {"a": 1}
+    """The policy status writer uses the shared merge-patch builder."""
+    assert merge_patch({"a": 1, "b": 2}, {"a": 1, "b": 2}) == {}
+    assert merge_patch({"a": 1, "b": 2}, {"a": 3}) == {"a": 3, "b": None}
+    assert merge_patch(None, {"a": 1}) == {"a": 1}
+    # a key gone from a nested object is removed (the former top-level builder kept it)
+    assert merge_patch({"c": {"x": 1, "y": 2}}, {"c": {"x": 1}}) == {"c": {"y": None}}
 
 
 def test_desired_statuses_only_where_they_differ() -> None:

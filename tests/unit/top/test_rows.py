@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import click
 import pytest
 
-from vramguard_operator.cli.top import Snapshot, add_arguments, build_rows, render, rows_json, trend_text
+from vramguard_operator.cli.top.command import parse_settings
+from vramguard_operator.cli.top.model import Snapshot
+from vramguard_operator.cli.top.render import render, rows_json, trend_text
+from vramguard_operator.cli.top.rows import build_rows
 
 GI = 1 << 30
 MI = 1 << 20
@@ -245,12 +248,24 @@ def test_trend_text(growth, text):
 
 
 def test_flags():
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    args = p.parse_args(["-A", "--watch", "--interval", "5s", "-o", "wide"])
+    args = parse_settings(["-A", "--watch", "--interval", "5s", "-o", "wide"])
     assert (args.all_namespaces, args.watch, args.interval, args.output) == (True, True, 5.0, "wide")
-    assert p.parse_args(["-n", "ml"]).namespace == "ml"
-    with pytest.raises(SystemExit):
-        p.parse_args(["-n", "ml", "-A"])
-    with pytest.raises(SystemExit):
-        p.parse_args(["--interval", "soon"])
+    assert parse_settings(["-n", "ml"]).namespace == "ml"
+    with pytest.raises(click.UsageError):
+        parse_settings(["-n", "ml", "-A"])
+    with pytest.raises(click.UsageError):
+        parse_settings(["--interval", "soon"])
+
+
+def test_budget_totals_are_per_namespace_when_two_budgets_share_a_name():
+    """With -A, budget ``train`` in ``ml`` and in ``cv`` each total their own pods."""
+    ml, cv = usage("a", 30 * GI), {**usage("b", 5 * GI), "namespace": "cv"}
+    snap = Snapshot(
+        pods=[pod("a", labels={"app": "train"}), pod("b", ns="cv", labels={"app": "train"})],
+        budgets=[budget("train", {"total": {"vram": "40Gi"}}), budget("train", {"total": {"vram": "40Gi"}}, ns="cv")],
+        reports=[report([ml, cv])],
+        now=NOW,
+    )
+    rows = rows_of(snap)
+    assert [lim.used_bytes for lim in rows["a"].limits if lim.name == "total"] == [30 * GI]
+    assert [lim.used_bytes for lim in rows["b"].limits if lim.name == "total"] == [5 * GI]

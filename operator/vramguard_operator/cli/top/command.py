@@ -1,0 +1,134 @@
+"""The ``vramguard top`` command: its flags (``TopSettings``), the reads
+(through ``controller.cluster_reads``) and the refresh loop."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from vramguard_api.cliargs import Duration
+from vramguard_operator.cli.top.model import DEFAULT_FRESHNESS_S, Snapshot
+from vramguard_operator.cli.top.render import render, rows_json
+from vramguard_operator.cli.top.rows import build_rows
+from vramguard_operator.controller import cluster_reads
+
+HELP = "show pods, their usage and their budgets"
+
+
+@dataclass(frozen=True, slots=True)
+class TopSettings:
+    """What ``vramguard top`` is told: ``namespace`` (None: the kubeconfig
+    context's) or ``all_namespaces``; ``watch`` (refresh every ``interval``
+    seconds); ``output`` (``table``, ``wide``, ``json``); ``freshness``
+    (seconds: older node reports are marked stale); the kubeconfig file and
+    context (None: the defaults)."""
+
+    namespace: str | None = None
+    all_namespaces: bool = False
+    watch: bool = False
+    interval: float = 2.0
+    output: str = "table"
+    freshness: float = DEFAULT_FRESHNESS_S
+    kubeconfig: str | None = None
+    context: str | None = None
+
+
+def parameters() -> list[click.Parameter]:
+    """The options of ``vramguard top`` (flags only: no variables)."""
+    return [
+        click.Option(["-n", "--namespace"], help="namespace (default: the kubeconfig context's)"),
+        click.Option(["-A", "--all-namespaces"], is_flag=True, help="pods of every namespace"),
+        click.Option(["-w", "--watch"], is_flag=True, help="refresh until interrupted"),
+        click.Option(["--interval"], default="2s", type=Duration(), help="refresh interval with --watch (default 2s)"),
+        click.Option(["-o", "--output"], type=click.Choice(["table", "wide", "json"]), default="table",
+                     help="output format"),
+        click.Option(["--freshness"], default="60s", type=Duration(),
+                     help="node reports older than this are marked stale (default 60s, the operator's default)"),
+        click.Option(["--kubeconfig"], default=None, help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)"),
+        click.Option(["--context"], default=None, help="kubeconfig context"),
+    ]
+
+
+def from_params(params: Mapping[str, Any]) -> TopSettings:
+    """``TopSettings`` from the values click read; raises ``click.UsageError``
+    when ``-n`` and ``-A`` are both given."""
+    if params["namespace"] is not None and params["all_namespaces"]:
+        raise click.UsageError("--namespace and --all-namespaces cannot be used together")
+    return TopSettings(**{f.name: params[f.name] for f in fields(TopSettings)})
+
+
+def parse_settings(argv: Sequence[str]) -> TopSettings:
+    """The settings ``vramguard top ARGV`` would run with; raises
+    ``click.UsageError`` naming a bad flag and value."""
+    command = click.Command("top", params=parameters())
+    with command.make_context("vramguard top", list(argv)) as ctx:
+        return from_params(ctx.params)
+
+
+def fetch(api: Any, namespace: str | None, freshness_s: float = DEFAULT_FRESHNESS_S) -> Snapshot:
+    """Read a ``Snapshot`` through ``api`` (a kubernetes ``ApiClient``):
+    ``namespace`` None reads every namespace. Raises as
+    ``cluster_reads.read_cluster`` does."""
+    read = cluster_reads.read_cluster(api, namespace)
+    return Snapshot(read.pods, read.budgets, read.policies, read.reports, read.namespace_labels,
+                    datetime.now(UTC), freshness_s, read.notes)
+
+
+def show(api: Any, settings: TopSettings, namespace: str | None) -> str:
+    """One refresh of the output as text."""
+    rows, notes = build_rows(fetch(api, namespace, settings.freshness))
+    if settings.output == "json":
+        return json.dumps({"rows": rows_json(rows), "notes": list(notes)}, indent=2, default=str)
+    return render(rows, notes, all_namespaces=namespace is None, wide=settings.output == "wide")
+
+
+def run(settings: TopSettings) -> int:
+    """Print the table once, or refresh it every ``interval`` with ``watch``."""
+    try:
+        api = cluster_reads.api_client(settings.kubeconfig, settings.context)
+    except Exception as err:  # noqa: BLE001 - ConfigException, a missing or malformed file
+        print(f"vramguard top: cannot load a Kubernetes configuration: {err}", file=sys.stderr)
+        return 1
+    namespace = None if settings.all_namespaces else (
+        settings.namespace or cluster_reads.current_namespace(settings.kubeconfig, settings.context))
+    try:
+        return _loop(api, settings, namespace)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _loop(api: Any, settings: TopSettings, namespace: str | None) -> int:
+    tty = sys.stdout.isatty()
+    while True:
+        try:
+            text = show(api, settings, namespace)
+        except LookupError as err:
+            print(f"vramguard top: {err}", file=sys.stderr)
+            return 1
+        except cluster_reads.API_ERRORS as err:
+            print(f"vramguard top: cannot read the cluster: {err}", file=sys.stderr)
+            if not settings.watch:
+                return 1
+            text = ""
+        if not settings.watch:
+            print(text)
+            return 0
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        head = "\x1b[H\x1b[2J" if tty else ""
+        print(f"{head}vramguard top {'-A' if namespace is None else '-n ' + namespace}   {stamp}\n{text}\n",
+              flush=True)
+        time.sleep(settings.interval)
+
+
+def _run(**params: Any) -> int:
+    return run(from_params(params))
+
+
+top_command = click.Command("top", params=parameters(), callback=_run, help=HELP, short_help=HELP)

@@ -1,0 +1,92 @@
+"""The text and JSON of ``vramguard top`` (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from vramguard_api.units import format_bytes
+from vramguard_operator.cli.top.model import DeviceFigure, Row
+
+# Growth below this (bytes per hour) is shown as "flat": the noise of a steady pod.
+FLAT_GROWTH_BYTES_PER_HOUR = 64 * 2**20
+
+
+def trend_text(growth_bytes_per_hour: float | None) -> str:
+    """``+1.2Gi/h``, ``-300Mi/h``, ``flat`` (below 64Mi/h either way) or ``-`` (unknown)."""
+    if growth_bytes_per_hour is None:
+        return "-"
+    if abs(growth_bytes_per_hour) < FLAT_GROWTH_BYTES_PER_HOUR:
+        return "flat"
+    sign = "+" if growth_bytes_per_hour > 0 else "-"
+    return f"{sign}{format_bytes(abs(growth_bytes_per_hour))}/h"
+
+
+def _devices_text(devices: Sequence[DeviceFigure], most: int = 3) -> str:
+    if not devices:
+        return "-"
+    shown = sorted(devices, key=lambda d: -(d.used_bytes or 0))[:most]
+    parts = [f"{d.label}:{format_bytes(d.used_bytes) if d.used_bytes is not None else '?'}" for d in shown]
+    if len(devices) > most:
+        parts.append(f"+{len(devices) - most}")
+    return " ".join(sorted(parts))
+
+
+def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) -> list[list[str]]:
+    """The cells of the table, header first."""
+    header = ["POD", "NODE", "VRAM", "DEVICES", "RAM", "LIMIT", "SOURCE", "USE", "TREND", "STATE"]
+    if all_namespaces:
+        header.insert(0, "NAMESPACE")
+    if wide:
+        header += ["LIMITS", "WHY"]
+    out = [header]
+    for r in rows:
+        bind = r.binding
+        vram = "?" if r.vram_bytes is None else format_bytes(r.vram_bytes)
+        cells = [
+            r.pod,
+            r.node or "-",
+            vram + ("*" if r.stale else ""),
+            _devices_text(r.devices),
+            format_bytes(r.ram_bytes),
+            f"{bind.name} {format_bytes(bind.limit_bytes)}" if bind else "-",
+            bind.source if bind else "-",
+            f"{r.pressure:.0%}" if r.pressure is not None else "-",
+            trend_text(r.growth_bytes_per_hour),
+            r.state,
+        ]
+        if all_namespaces:
+            cells.insert(0, r.namespace)
+        if wide:
+            cells.append(", ".join(f"{x.name} {format_bytes(x.limit_bytes)} ({x.source})" for x in r.limits) or "-")
+            cells.append("; ".join(r.why) or "-")
+        out.append(cells)
+    return out
+
+
+def render(rows: Sequence[Row], notes: Sequence[str] = (), all_namespaces: bool = False, wide: bool = False) -> str:
+    """The table as text (columns padded like kubectl's), with footnotes."""
+    if not rows:
+        lines = ["No GPU pods found."]
+    else:
+        cells = table_rows(rows, all_namespaces, wide)
+        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+        lines = ["   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+        if any(r.stale for r in rows):
+            lines.append("* no fresh node report: the figures may be old or missing")
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Rows as JSON-ready dicts (``-o json``)."""
+    out = []
+    for r in rows:
+        d = asdict(r)
+        d["devices"] = [asdict(x) for x in r.devices]
+        d["limits"] = [{**asdict(x), "ratio": x.ratio} for x in r.limits]
+        d["why"] = list(r.why)
+        out.append(d)
+    return out
+

@@ -1,0 +1,189 @@
+"""The rows of ``vramguard top``: one per GPU pod, with its usage, limits,
+trend and state, sorted by pressure (``build_rows``: a ``Snapshot`` in,
+``Row``s out; pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vramguard_api.budget import DEFAULT_WARNING_THRESHOLD
+from vramguard_api.units import format_bytes
+from vramguard_operator.cli.top.limits import (
+    BudgetView,
+    Totals,
+    UsageView,
+    budget_limits,
+    device_label,
+    implicit_limits,
+    parse_budgets,
+    parse_reports,
+)
+from vramguard_operator.cli.top.model import STATES, DeviceFigure, Limit, Row, Snapshot
+from vramguard_operator.engine.escalation import records_from_annotation
+from vramguard_operator.engine.types import ANNOTATION_ORIGINAL_CPU, ANNOTATION_VIOLATIONS
+from vramguard_operator.policy.shares import PodGPURequest
+
+Reasons = tuple[set[str], list[str]]  # states found, and why
+
+
+def _recorded(annotations: Mapping[str, str], ns: str, name: str) -> tuple[Reasons, set[tuple[str, str, str | None]]]:
+    """States and reasons from the pod's ``vramguard.io/violations`` annotation
+    (open violations that reached a step), and their (budget, kind, device)."""
+    found: set[str] = set()
+    why: list[str] = []
+    recorded: set[tuple[str, str, str | None]] = set()
+    text = annotations.get(ANNOTATION_VIOLATIONS)
+    if text:
+        records, _ = records_from_annotation(text, ns, name)
+        for r in records:
+            if r.opened_at is None:
+                continue
+            recorded.add((r.key.budget, r.key.kind, r.key.device))
+            found.add("leak" if r.key.kind == "Leak" else "violating")
+            why.append(f"{r.key.kind} (budget {r.key.budget}): {r.step or 'open'}")
+    return (found, why), recorded
+
+
+def _from_statuses(
+    budgets: Sequence[BudgetView], name: str, recorded: set[tuple[str, str, str | None]]
+) -> Reasons:
+    """States and reasons from the selecting budgets' status: violations (those
+    not already recorded on the pod; pending ones are warnings) and warnings."""
+    found: set[str] = set()
+    why: list[str] = []
+    for b in budgets:
+        status = b.model.status
+        if status is None:
+            continue
+        for v in status.violations or ():
+            if v.pod not in (None, name) or (b.name, v.kind, v.device) in recorded:
+                continue
+            if v.opened_at is None:
+                found.add("warning")
+                why.append(f"{v.kind} (budget {b.name}): pending, within the tolerance")
+            else:
+                found.add("leak" if v.kind == "Leak" else "violating")
+                mode = " (dry run)" if v.dry_run or status.effective_mode == "DryRun" else ""
+                why.append(f"{v.kind} (budget {b.name}): {v.step or 'open'}{mode}")
+        for w in status.warnings or ():
+            if w.pod in (None, name):
+                found.add("warning")
+                why.append(f"{w.kind} (budget {b.name}): above the warning threshold")
+    return found, why
+
+
+def _state(
+    pod: Mapping[str, Any],
+    budgets: Sequence[BudgetView],
+    limits: Sequence[Limit],
+    threshold: float,
+) -> tuple[str, tuple[str, ...]]:
+    """The pod's state and the reasons for it (see ``STATES``)."""
+    meta = pod.get("metadata") or {}
+    name = meta.get("name") or ""
+    annotations = meta.get("annotations") or {}
+    (found, why), recorded = _recorded(annotations, meta.get("namespace") or "", name)
+    more, reasons = _from_statuses(budgets, name, recorded)
+    found |= more
+    why += reasons
+    if ANNOTATION_ORIGINAL_CPU in annotations:
+        found.add("throttled")
+    if not found & {"leak", "violating", "warning"}:
+        for lim in limits:
+            if lim.ratio is not None and lim.ratio >= threshold:
+                found.add("warning")
+                why.append(f"{lim.name} at {lim.ratio:.0%} of {format_bytes(lim.limit_bytes)} ({lim.source})")
+    state = next((s for s in STATES if s in found), "ok")
+    return state, tuple(why)
+
+
+def _is_gpu_pod(pod: Mapping[str, Any]) -> bool:
+    try:
+        return PodGPURequest.from_api(pod).is_gpu_pod
+    except (ValueError, TypeError):
+        return False
+
+
+def _selecting(live: Sequence[Mapping[str, Any]], budgets: Mapping[str, list[BudgetView]]) -> dict[str, list[BudgetView]]:
+    """The budgets that select each pod, by pod uid (each budget's ``selected``
+    filled on the way)."""
+    selecting: dict[str, list[BudgetView]] = {}
+    for pod in live:
+        meta = pod.get("metadata") or {}
+        uid, labels = meta.get("uid") or "", meta.get("labels") or {}
+        for b in budgets.get(meta.get("namespace") or "", ()):
+            if b.matches(labels):
+                b.selected.append(uid)
+                selecting.setdefault(uid, []).append(b)
+    return selecting
+
+
+def _totals(budgets: Mapping[str, list[BudgetView]], usage: Mapping[str, UsageView]) -> Totals:
+    """Each budget's total VRAM and RAM over its selected pods (bytes; None
+    when none of them is measured), by (namespace, name)."""
+    totals: Totals = {}
+    for group in budgets.values():
+        for b in group:
+            vram = [usage[u].pod.vram_bytes for u in b.selected if u in usage]
+            ram = [usage[u].pod.ram_working_set_bytes for u in b.selected if u in usage]
+            totals[(b.namespace, b.name)] = (
+                sum(v for v in vram if v is not None) if vram else None,
+                sum(r for r in ram if r is not None) if ram else None,
+            )
+    return totals
+
+
+def _row(
+    pod: Mapping[str, Any], u: UsageView | None, mine: Sequence[BudgetView], totals: Totals, fresh_nodes: set[str]
+) -> Row:
+    """The row of one pod: ``u`` its usage, ``mine`` the budgets selecting it."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    limits: list[Limit] = []
+    for b in mine:
+        limits.extend(budget_limits(b, u, totals))
+    if not mine:
+        limits.extend(implicit_limits(meta.get("annotations") or {}, u))
+    threshold = min((b.threshold for b in mine), default=DEFAULT_WARNING_THRESHOLD)
+    state, why = _state(pod, mine, limits, threshold)
+    ratios = [lim.ratio for lim in limits if lim.ratio is not None]
+    trend = u.pod.trend if u is not None else None
+    node = spec.get("nodeName")
+    devices = () if u is None else tuple(
+        DeviceFigure(device_label(u.devices.get(d.uuid)), d.uuid, d.used_bytes) for d in u.pod.devices
+    )
+    return Row(
+        namespace=meta.get("namespace") or "",
+        pod=meta.get("name") or "",
+        node=node,
+        vram_bytes=u.pod.vram_bytes if u is not None else None,
+        devices=devices,
+        ram_bytes=u.pod.ram_working_set_bytes if u is not None else None,
+        limits=tuple(limits),
+        growth_bytes_per_hour=trend.growth_bytes_per_hour if trend is not None else None,
+        trend_leak=trend.leak if trend is not None else None,
+        state=state,
+        why=why,
+        pressure=max(ratios) if ratios else None,
+        stale=node not in fresh_nodes,
+    )
+
+
+def build_rows(snap: Snapshot) -> tuple[list[Row], list[str]]:
+    """The table's rows, sorted by pressure, and notes about what could not be
+    read. A row for each pod that is not finished and is measured in a node
+    report, requests a GPU resource, or is selected by a budget."""
+    usage, fresh_nodes, notes = parse_reports(snap)
+    budgets = parse_budgets(snap, notes)
+    live = [p for p in snap.pods if ((p.get("status") or {}).get("phase")) not in ("Succeeded", "Failed")]
+    selecting = _selecting(live, budgets)
+    totals = _totals(budgets, usage)
+    rows = []
+    for pod in live:
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        u, mine = usage.get(uid), selecting.get(uid, [])
+        if u is None and not mine and not _is_gpu_pod(pod):
+            continue
+        rows.append(_row(pod, u, mine, totals, fresh_nodes))
+    rows.sort(key=Row.sort_key)
+    return rows, [*snap.notes, *notes]

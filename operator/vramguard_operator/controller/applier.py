@@ -1,0 +1,244 @@
+"""Carrying out the policy engine's decisions through the Kubernetes API.
+
+The engine (``engine.evaluate``) decides; the applier acts, in the order that
+``engine.types`` documents, so that the escalation state on the objects is
+always written before the action it describes. For one pod:
+
+1. a restoring Recover: the resize back first (``resize``), then the
+   annotation patch only if it succeeded (so a failed restore is retried);
+2. otherwise the annotation patch first (``api_calls.annotations_patch``: a
+   JSON merge patch with ``metadata.uid`` as precondition); when it fails,
+   nothing else is done for that pod;
+3. Throttle: ``pods/resize`` (``resize``);
+4. Evict: the Eviction API, rate-limited (``evictions``, ``ratelimit``);
+5. the Events of the other decisions (``events``).
+
+Then the budget-level Events, and each budget status that changed: a JSON
+merge patch on the ``status`` subresource, written only when the merge patch
+from the current status to the desired one is not empty (``kubeapi.merge_patch``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramguard_operator.controller.api_calls import KubeActions
+from vramguard_operator.controller.events import DecisionEvents, EventRecorder
+from vramguard_operator.controller.evictions import Evictor
+from vramguard_operator.controller.kubeapi import API_ERRORS, error_status, error_text, merge_patch
+from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.controller.ratelimit import EvictionLimiter
+from vramguard_operator.controller.resize import ResizeOutcome, Resizer, merged_resize
+from vramguard_operator.engine.types import (
+    Annotate,
+    BudgetStatusUpdate,
+    Decision,
+    DryRunStep,
+    EngineOutput,
+    Evict,
+    PodRef,
+    Recover,
+    Throttle,
+    Warn,
+)
+
+log = logging.getLogger("vramguard.actions")
+
+
+@dataclass(slots=True)
+class PodWork:
+    """Everything one engine output asks for one pod, in apply order: restores
+    (then the patch, only if they succeed), or the patch first; then throttles,
+    evictions, and the Events of the other decisions."""
+
+    pod: PodRef
+    patch: Mapping[str, str | None] | None = None
+    restores: list[Recover] = field(default_factory=list)
+    throttles: list[Throttle] = field(default_factory=list)
+    evicts: list[Evict] = field(default_factory=list)
+    others: list[Decision] = field(default_factory=list)
+
+    def decisions(self) -> tuple[Decision, ...]:
+        """Every decision for the pod."""
+        return (*self.restores, *self.throttles, *self.evicts, *self.others)
+
+
+def plan_pod_work(out: EngineOutput) -> tuple[list[PodWork], list[Decision]]:
+    """Group an engine output by pod (sorted by namespace/name), and return the
+    budget-level decisions (no pod: Events on the budget only) apart."""
+    work: dict[str, PodWork] = {}
+    budget_only: list[Decision] = []
+
+    def of(ref: PodRef) -> PodWork:
+        return work.setdefault(ref.uid, PodWork(ref))
+
+    for p in out.pod_patches:
+        of(p.pod).patch = p.annotations
+    for d in out.decisions:
+        if d.pod is None:
+            budget_only.append(d)
+        elif isinstance(d, Recover) and d.restore:
+            of(d.pod).restores.append(d)
+        elif isinstance(d, Throttle):
+            of(d.pod).throttles.append(d)
+        elif isinstance(d, Evict):
+            of(d.pod).evicts.append(d)
+        else:
+            of(d.pod).others.append(d)
+    ordered = sorted(work.values(), key=lambda w: (w.pod.namespace, w.pod.name, w.pod.uid))
+    return ordered, budget_only
+
+
+def exempt_work(w: PodWork) -> tuple[PodWork, list[Decision]]:
+    """What may be done to a pod in an exempt namespace (cleanup only), and the
+    decisions refused.
+
+    The engine never asks to throttle or evict there, nor to write new
+    vramguard state; those are refused (the safety check of this layer).
+    Undoing what was done before the namespace was exempted is allowed: CPU
+    restores and a patch that only removes annotations."""
+    adds = any(v is not None for v in (w.patch or {}).values())
+    refused: list[Decision] = [*w.throttles, *w.evicts]
+    others = list(w.others)
+    if adds:  # no restore without the patch that records it; Events of the rest only
+        refused += [*w.restores, *(d for d in others if isinstance(d, Annotate))]
+        others = [d for d in others if not isinstance(d, Annotate)]
+    if not refused and not adds:
+        return w, []
+    if adds:
+        return PodWork(w.pod, others=others), refused
+    return PodWork(w.pod, patch=w.patch, restores=list(w.restores), others=others), refused
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyContext:
+    """What the applier needs besides the output: the exempt namespaces (a safety
+    check of its own: never act there), the eviction rate-limit scopes of each
+    namespace, and each budget's current status (API form, None when unset)."""
+
+    exempt_namespaces: frozenset[str]
+    eviction_scopes: Callable[[str], tuple[str, ...]]
+    current_status: Mapping[tuple[str, str], Mapping[str, Any] | None]
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """Objects the API server returned (pods by uid, budgets by (ns, name)), so the
+    next evaluation sees them before their watch events arrive; resize failures
+    by pod uid, for the budget status."""
+
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    budgets: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    resize_errors: dict[str, str] = field(default_factory=dict)
+    resize_ok: set[str] = field(default_factory=set)
+
+    def record_resize(self, pod: PodRef, outcome: ResizeOutcome) -> None:
+        """Keep a resize's returned pod, or its error for the budget status."""
+        if outcome.pod is not None:
+            self.pods[pod.uid] = outcome.pod
+            self.resize_ok.add(pod.uid)
+        elif outcome.error is not None:
+            self.resize_errors[pod.uid] = outcome.error
+
+
+class Applier:
+    """Applies engine outputs with ``KubeActions``, posts their Events and counts
+    them in the metrics."""
+
+    def __init__(
+        self,
+        actions: KubeActions,
+        recorder: EventRecorder,
+        limiter: EvictionLimiter,
+        metrics: Metrics,
+    ) -> None:
+        self.actions = actions
+        self.recorder = recorder
+        self.limiter = limiter
+        self.metrics = metrics
+        self.events = DecisionEvents(recorder, metrics)
+        self.resizer = Resizer(actions.resize_pod, self.events)
+        self.evictor = Evictor(actions.evict_pod, limiter, self.events)
+
+    def apply(self, out: EngineOutput, ctx: ApplyContext) -> ApplyResult:
+        """Apply one output: pods first (each in the documented order), then the
+        budget-level Events, then the budget statuses that changed."""
+        result = ApplyResult()
+        work, budget_only = plan_pod_work(out)
+        for w in work:
+            if w.pod.namespace in ctx.exempt_namespaces:
+                w = self._exempt(w)
+            self._apply_pod(w, ctx, result)
+        for d in budget_only:
+            self.events.explain(d, d.event)
+            self.events.count(d, "success")
+        return result
+
+    def write_statuses(
+        self, statuses: Iterable[BudgetStatusUpdate], ctx: ApplyContext, result: ApplyResult
+    ) -> None:
+        """Write each budget's desired status where the merge patch from its
+        current status is not empty."""
+        for upd in statuses:
+            key = (upd.budget.namespace, upd.budget.name)
+            patch = merge_patch(ctx.current_status.get(key), upd.status.to_api())
+            if not patch:
+                continue
+            try:
+                budget = self.actions.patch_budget_status(upd.budget, patch)
+            except API_ERRORS as err:
+                if error_status(err) != 404:  # a deleted budget needs no status
+                    log.warning("status of budget %s/%s: %s", *key, error_text(err))
+                continue
+            result.budgets[key] = budget
+
+    def _exempt(self, w: PodWork) -> PodWork:
+        allowed, refused = exempt_work(w)
+        if allowed is w:
+            return w
+        adds = any(v is not None for v in (w.patch or {}).values())
+        what = sorted({d.action for d in refused} | ({"annotation"} if adds else set()))
+        log.error("refusing %s on pod %s/%s: exempt namespace", ", ".join(what), w.pod.namespace, w.pod.name)
+        for d in refused:
+            self.events.count(d, "skipped")
+        return allowed
+
+    def _apply_pod(self, w: PodWork, ctx: ApplyContext, result: ApplyResult) -> None:
+        if w.restores:
+            outcome = self.resizer.resize(w.pod, merged_resize(w.restores), w.restores)
+            result.record_resize(w.pod, outcome)
+            if not outcome.ok:
+                return  # the patch keeps the originals, so the restore is retried
+        if w.patch and not self._patch(w, result):
+            return  # no action without its state written first
+        for rec in w.restores:
+            self.events.explain(rec, rec.event)
+            self.events.count(rec, "success")
+        throttled = self.resizer.throttle(w.pod, w.throttles) if w.throttles else None
+        if throttled is not None:
+            result.record_resize(w.pod, throttled)
+        exempt = w.pod.namespace in ctx.exempt_namespaces
+        for ev in w.evicts[:1]:
+            self.evictor.evict(ev, exempt, () if exempt else ctx.eviction_scopes(w.pod.namespace))
+        for other in w.others:
+            self.events.explain(other, other.event)
+            self.events.count(other, "dry_run" if isinstance(other, DryRunStep) else "success")
+
+    def _patch(self, w: PodWork, result: ApplyResult) -> bool:
+        assert w.patch is not None
+        try:
+            result.pods[w.pod.uid] = self.actions.patch_pod_annotations(w.pod, w.patch)
+            return True
+        except API_ERRORS as err:
+            text = error_text(err)
+            log.warning("annotations of pod %s/%s: %s", w.pod.namespace, w.pod.name, text)
+            if error_status(err) not in (404, 409, 422):  # gone or replaced: nothing to explain
+                for d in (*w.throttles, *w.evicts, *w.others):
+                    if not isinstance(d, DryRunStep | Warn):
+                        self.events.failed(d, f"annotating pod {w.pod.name} failed: {text}")
+            for d in w.decisions():
+                self.events.count(d, "failed")
+            return False

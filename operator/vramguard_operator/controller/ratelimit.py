@@ -1,0 +1,135 @@
+"""Eviction rate limits: token buckets, one per GPUMemoryPolicy (its
+``evictionRateLimit``) and one for namespaces that no policy selects (the
+operator's ``--eviction-rate-per-minute`` and ``--eviction-burst``), and the
+back-off of a pod whose eviction a PodDisruptionBudget refused. Pure: times
+come from the clock passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from vramguard_api.policy import EvictionRateLimit
+
+
+class TokenBucket:
+    """A token bucket: at most ``burst`` tokens, refilled at ``per_minute / 60``
+    tokens per second (``per_minute`` 0: never refilled). Times are seconds on
+    a monotonic clock, passed in by the caller."""
+
+    def __init__(self, per_minute: float, burst: int, now: float) -> None:
+        if per_minute < 0 or burst < 1:
+            raise ValueError(f"evictionRateLimit: perMinute {per_minute} / burst {burst} invalid")
+        self.per_minute = float(per_minute)
+        self.burst = burst
+        self.tokens = float(burst)
+        self.stamp = now
+
+    def _refill(self, now: float) -> None:
+        elapsed = max(0.0, now - self.stamp)
+        self.tokens = min(float(self.burst), self.tokens + elapsed * self.per_minute / 60.0)
+        self.stamp = max(self.stamp, now)
+
+    def available(self, now: float) -> bool:
+        """Whether a token can be taken at ``now``."""
+        self._refill(now)
+        return self.tokens >= 1.0
+
+    def take(self, now: float) -> None:
+        """Take one token (call ``available`` first; never goes below zero)."""
+        self._refill(now)
+        self.tokens = max(0.0, self.tokens - 1.0)
+
+    def refund(self, now: float) -> None:
+        """Give back a token taken for a call that was definitely refused
+        (never above ``burst``)."""
+        self._refill(now)
+        self.tokens = min(float(self.burst), self.tokens + 1.0)
+
+    def reconfigure(self, per_minute: float, burst: int, now: float) -> None:
+        """New rate and burst; the tokens held are kept, capped at the new burst."""
+        self._refill(now)
+        self.per_minute, self.burst = float(per_minute), burst
+        self.tokens = min(self.tokens, float(burst))
+
+
+class EvictionLimiter:
+    """Decides whether an eviction may be attempted now.
+
+    Scopes name token buckets: one per GPUMemoryPolicy (its name) and the
+    default scope ``""`` (the operator's own limit) for namespaces that no policy
+    selects; an eviction takes one token from every scope given. After a
+    PodDisruptionBudget refused a pod's eviction (429) the pod waits
+    ``retry_seconds`` before the next attempt.
+
+    Tokens are taken before the Eviction is sent (``taken``) and given back
+    only when the API server definitely refused it (``refund``: 404, 409,
+    429): a call that timed out may have evicted the pod, so its token stays
+    spent. Nothing is persisted: a restarted operator starts with full buckets
+    (``burst`` tokens each), so a crash-looping operator could evict up to
+    ``burst`` pods per start and scope; the restart back-off of the kubelet
+    and the Deployment bound that.
+    """
+
+    DEFAULT_SCOPE = ""
+
+    def __init__(
+        self,
+        default: EvictionRateLimit,
+        retry_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock
+        self.retry_seconds = retry_seconds
+        self.buckets: dict[str, TokenBucket] = {
+            self.DEFAULT_SCOPE: TokenBucket(default.per_minute, default.burst, clock())
+        }
+        self.retry_at: dict[str, float] = {}
+
+    def configure(self, limits: Mapping[str, EvictionRateLimit]) -> None:
+        """Keep one bucket per policy in ``limits`` (policy name -> its limit)."""
+        now = self.clock()
+        for name in [n for n in self.buckets if n != self.DEFAULT_SCOPE and n not in limits]:
+            del self.buckets[name]
+        for name, lim in limits.items():
+            bucket = self.buckets.get(name)
+            if bucket is None:
+                self.buckets[name] = TokenBucket(lim.per_minute, lim.burst, now)
+            elif (bucket.per_minute, bucket.burst) != (float(lim.per_minute), lim.burst):
+                bucket.reconfigure(lim.per_minute, lim.burst, now)
+
+    def check(self, uid: str, scopes: Sequence[str]) -> str | None:
+        """None when pod ``uid`` may be evicted now (the caller then calls
+        ``taken``), else why not: ``"backoff"`` or ``"rate_limited"``."""
+        now = self.clock()
+        if self.retry_at.get(uid, 0.0) > now:
+            return "backoff"
+        buckets = [self.buckets.get(s) or self.buckets[self.DEFAULT_SCOPE] for s in scopes]
+        if not all(b.available(now) for b in buckets):
+            return "rate_limited"
+        return None
+
+    def taken(self, uid: str, scopes: Sequence[str]) -> None:
+        """Take a token from every scope for an eviction about to be sent."""
+        now = self.clock()
+        for s in scopes:
+            (self.buckets.get(s) or self.buckets[self.DEFAULT_SCOPE]).take(now)
+        self.retry_at.pop(uid, None)
+
+    def refund(self, scopes: Sequence[str]) -> None:
+        """Give the tokens of an eviction the API server refused back."""
+        now = self.clock()
+        for s in scopes:
+            (self.buckets.get(s) or self.buckets[self.DEFAULT_SCOPE]).refund(now)
+
+    def blocked(self, uid: str) -> None:
+        """Record a refusal (429): retry the pod after ``retry_seconds``."""
+        self.retry_at[uid] = self.clock() + self.retry_seconds
+
+    def forget(self, live_uids: Iterable[str]) -> None:
+        """Drop back-off state of pods that are gone."""
+        live = set(live_uids)
+        for uid in [u for u in self.retry_at if u not in live]:
+            del self.retry_at[uid]
+

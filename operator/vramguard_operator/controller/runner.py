@@ -1,0 +1,60 @@
+"""Running the operator: kopf, standalone, with the metrics server and, when
+configured, the admission webhooks. ``vramguard operator`` calls ``run`` with
+the settings it read (``settings.OperatorSettings``).
+
+Logs go to stderr (kopf's handler; the command's own errors too), so that
+stdout stays free for what a command prints.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import kopf
+
+from vramguard_operator.controller.metrics import process_metrics, serve_metrics
+from vramguard_operator.controller.settings import OperatorSettings
+
+log = logging.getLogger("vramguard.operator")
+
+# At INFO, kopf logs every event handler's success (one line per pod event) and
+# every liveness probe with its HTTP access line.
+_CHATTY_LOGGERS = ("kopf.objects", "kopf.activities.probe", "aiohttp.access")
+
+
+def configure_logging(settings: OperatorSettings) -> None:
+    """kopf's log handler (stderr) at the level the flags ask for; kopf's
+    per-event and per-probe lines only at DEBUG."""
+    kopf.configure(debug=settings.debug, verbose=settings.verbose, quiet=settings.quiet)
+    if not (settings.verbose or settings.debug):
+        for name in _CHATTY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def run(settings: OperatorSettings) -> int:
+    """Run the operator until SIGINT/SIGTERM; returns the exit status.
+
+    Importing ``handlers`` registers the operator's handlers with kopf's
+    default registry; ``webhooks`` only when a webhook port is set (its
+    admission handlers need a server). A metrics port that cannot be bound
+    ends it with status 1 and the reason on stderr."""
+    from vramguard_operator.controller import handlers  # noqa: F401
+
+    if settings.webhook is not None:
+        from vramguard_operator.controller import webhooks  # noqa: F401
+    configure_logging(settings)
+    try:
+        serve_metrics(settings.metrics_port, settings.metrics_address)
+    except OSError as err:
+        print(f"vramguard operator: --metrics-port: cannot serve on {settings.metrics_address}:"
+              f"{settings.metrics_port}: {err}", file=sys.stderr)
+        return 1
+    kopf.run(
+        standalone=True,  # always: one replica, no peering (docs/operator.md)
+        clusterwide=not settings.namespaces,
+        namespaces=list(settings.namespaces),
+        liveness_endpoint=settings.liveness or None,
+        memo=kopf.Memo(settings=settings, metrics=process_metrics()),
+    )
+    return 0

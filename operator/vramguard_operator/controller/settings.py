@@ -1,0 +1,264 @@
+"""The operator's settings: every flag of ``vramguard operator`` with its
+environment variable, default and help, in one table (``parameters``), read by
+click into ``OperatorSettings``.
+
+Both ways to start the operator read the same table: ``vramguard operator``
+(each setting from its flag, else its ``VRAMGUARD_*`` variable, else its
+default) and ``kopf run -m vramguard_operator.controller.handlers``
+(``settings_from_env``: the variables, else the defaults). A bad value is
+refused with a message naming the flag, the variable and the value
+(``vramguard_api.cliargs``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from vramguard_api.cliargs import Duration, Environment, WholeNumber, env_option
+from vramguard_api.policy import EvictionRateLimit
+from vramguard_operator.engine.types import EngineConfig
+
+DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+DEFAULT_WEBHOOK_TLS_DIR = "/tmp/vramguard-webhook-tls"
+
+# (flag, variable, default, help) of the duration settings, in seconds once read
+_DURATIONS = (
+    ("--evaluation-period", "VRAMGUARD_EVALUATION_PERIOD", "5s",
+     "longest time between evaluations; escalation steps fire at most this late"),
+    ("--debounce", "VRAMGUARD_DEBOUNCE", "20ms", "wait after a change so that a burst of events makes one evaluation"),
+    ("--freshness", "VRAMGUARD_FRESHNESS", "60s", "node reports older than this are stale: no action on their pods"),
+    ("--eviction-retry", "VRAMGUARD_EVICTION_RETRY", "30s",
+     "wait before retrying an eviction a PodDisruptionBudget refused"),
+    ("--request-timeout", "VRAMGUARD_REQUEST_TIMEOUT", "10s", "timeout of each API call the actions make"),
+    ("--watch-timeout", "VRAMGUARD_WATCH_TIMEOUT", "5m",
+     "server-side timeout of kopf's watches (they are re-established)"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """Settings of the reconcile loop and the actions (seconds).
+
+    ``evaluation_period``: longest time between evaluations (escalation delays
+    fire at most this late). ``debounce``: wait after a trigger, so that a burst
+    of events makes one evaluation. ``freshness``: a node report older than this
+    is stale (no action on its pods). ``eviction_retry``: wait after a
+    PodDisruptionBudget refused an eviction. ``default_rate_limit``: eviction
+    rate limit where no GPUMemoryPolicy selects the namespace.
+    ``request_timeout``: timeout of each API call made by the actions.
+    """
+
+    evaluation_period: float = 5.0
+    debounce: float = 0.02
+    freshness: float = 60.0
+    eviction_retry: float = 30.0
+    default_rate_limit: EvictionRateLimit = field(default_factory=EvictionRateLimit)
+    request_timeout: float = 10.0
+
+    def engine(self) -> EngineConfig:
+        """The engine's settings."""
+        return EngineConfig(freshness_seconds=self.freshness)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """These settings from ``VRAMGUARD_*`` variables (``env``, default the
+        process's) and the defaults, as ``settings_from_env`` reads them.
+        Raises ``ValueError`` naming the flag, the variable and a bad value."""
+        return settings_from_env(env).config
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """Where the webhook server listens and how the API server reaches it.
+
+    ``port``: HTTPS port. ``tls_dir``: directory of ``tls.crt``/``tls.key``/
+    ``ca.crt`` (see ``certs``). ``addr``: listen address. ``host``: the host the
+    API server calls in managed mode (its certificate's first SAN). ``managed``:
+    let kopf maintain the webhook configurations. ``extra_sans``: more names
+    for a generated certificate.
+    """
+
+    port: int
+    tls_dir: str
+    addr: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    managed: bool = False
+    extra_sans: tuple[str, ...] = field(default_factory=tuple)
+
+    def hosts(self) -> list[str]:
+        """Names the serving certificate must cover."""
+        names = [self.host, "localhost", "127.0.0.1", *self.extra_sans]
+        if self.addr not in ("0.0.0.0", "::", ""):
+            names.append(self.addr)
+        return list(dict.fromkeys(names))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WebhookConfig | None:
+        """From ``VRAMGUARD_WEBHOOK_PORT`` (unset or empty: None, no webhooks),
+        ``_TLS_DIR``, ``_ADDRESS``, ``_HOST``, ``_MANAGED`` (``true``) and
+        ``_EXTRA_SANS`` (comma-separated), as ``settings_from_env`` reads them.
+        Raises ``ValueError`` naming the variable of a bad value."""
+        return settings_from_env(env).webhook
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    """Everything ``vramguard operator`` is told: the loop's ``config``; the
+    namespaces watched (kopf glob patterns; empty: every namespace); kopf's
+    ``liveness`` endpoint (``""``: none); the Prometheus server's port (0:
+    none) and address; kopf's watch timeout (seconds); the admission
+    webhooks (None: not served); the log level flags."""
+
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    namespaces: tuple[str, ...] = ()
+    liveness: str = DEFAULT_LIVENESS
+    metrics_port: int = 9090
+    metrics_address: str = "0.0.0.0"
+    watch_timeout: float = 300.0
+    webhook: WebhookConfig | None = None
+    verbose: bool = False
+    debug: bool = False
+    quiet: bool = False
+
+
+class _TrueWord(click.ParamType):
+    """``true`` (any case) is True, anything else False (as the chart and the
+    tests spell ``VRAMGUARD_WEBHOOK_MANAGED``)."""
+
+    name = "true|false"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> bool:
+        return value if isinstance(value, bool) else str(value).strip().lower() == "true"
+
+
+def parameters() -> list[click.Parameter]:
+    """The options of ``vramguard operator``, fresh objects each call."""
+    env = env_option
+    return [
+        click.Option(["-A", "--all-namespaces"], is_flag=True, help="watch every namespace (default)"),
+        click.Option(["-n", "--namespace"], multiple=True, metavar="PATTERN",
+                     help="watch these namespaces only (repeatable; kopf glob patterns such as 'ml-*')"),
+        click.Option(["--standalone"], is_flag=True, default=True,
+                     help="accepted for compatibility and does nothing: the operator always runs without "
+                     "kopf peering (standalone; one replica only)"),
+        env("--liveness", "VRAMGUARD_LIVENESS", DEFAULT_LIVENESS,
+            help=f"kopf's liveness endpoint; '' disables (env VRAMGUARD_LIVENESS; {DEFAULT_LIVENESS})"),
+        env("--metrics-port", "VRAMGUARD_METRICS_PORT", "9090", type=WholeNumber(0, 65535),
+            help="Prometheus /metrics port; 0 disables (env VRAMGUARD_METRICS_PORT; default 9090)"),
+        env("--metrics-address", "VRAMGUARD_METRICS_ADDRESS", "0.0.0.0",
+            help="address the metrics server binds (env VRAMGUARD_METRICS_ADDRESS; default 0.0.0.0)"),
+        *(env(flag, var, default, type=Duration(), help=f"{text} (env {var}; default {default})")
+          for flag, var, default, text in _DURATIONS),
+        env("--eviction-rate-per-minute", "VRAMGUARD_EVICTION_RATE_PER_MINUTE", "2", type=WholeNumber(0),
+            help="evictions per minute where no GPUMemoryPolicy selects the namespace "
+            "(env VRAMGUARD_EVICTION_RATE_PER_MINUTE; default 2)"),
+        env("--eviction-burst", "VRAMGUARD_EVICTION_BURST", "2", type=WholeNumber(1),
+            help="eviction burst where no GPUMemoryPolicy selects the namespace "
+            "(env VRAMGUARD_EVICTION_BURST; default 2)"),
+        *_webhook_parameters(),
+        click.Option(["-v", "--verbose"], is_flag=True, help="log at DEBUG level"),
+        click.Option(["-d", "--debug"], is_flag=True, help="DEBUG, with asyncio's logs"),
+        click.Option(["-q", "--quiet"], is_flag=True, help="log warnings and errors only"),
+    ]
+
+
+def _webhook_parameters() -> list[click.Parameter]:
+    # The chart passes the port and the TLS directory as flags; the rest are
+    # read from their variables (docs/policy.md) and kept out of --help.
+    env = env_option
+    return [
+        env("--webhook-port", "VRAMGUARD_WEBHOOK_PORT", None, type=WholeNumber(1, 65535), empty_is_unset=True,
+            help="serve the admission webhooks on this HTTPS port (off when unset; env VRAMGUARD_WEBHOOK_PORT; "
+            "VRAMGUARD_WEBHOOK_* set the rest, see docs/policy.md)"),
+        env("--webhook-tls-dir", "VRAMGUARD_WEBHOOK_TLS_DIR", DEFAULT_WEBHOOK_TLS_DIR,
+            help=f"directory of the webhooks' tls.crt/tls.key (env VRAMGUARD_WEBHOOK_TLS_DIR; "
+            f"default {DEFAULT_WEBHOOK_TLS_DIR})"),
+        env("--webhook-address", "VRAMGUARD_WEBHOOK_ADDRESS", "0.0.0.0", hidden=True),
+        env("--webhook-host", "VRAMGUARD_WEBHOOK_HOST", "127.0.0.1", hidden=True),
+        env("--webhook-managed", "VRAMGUARD_WEBHOOK_MANAGED", "false", type=_TrueWord(), hidden=True),
+        env("--webhook-extra-sans", "VRAMGUARD_WEBHOOK_EXTRA_SANS", "", hidden=True),
+    ]
+
+
+def _one_of(params: Mapping[str, Any], *names: str) -> None:
+    given = [n for n in names if params[n]]
+    if len(given) > 1:
+        flags = " and ".join("--" + n.replace("_", "-") for n in given)
+        raise click.UsageError(f"{flags} cannot be used together")
+
+
+def from_params(params: Mapping[str, Any]) -> OperatorSettings:
+    """``OperatorSettings`` from the values click read for ``parameters()``.
+    Raises ``click.UsageError`` for flags that exclude each other (``-A`` and
+    ``-n``; ``-v``, ``-d`` and ``-q``)."""
+    _one_of(params, "all_namespaces", "namespace")
+    _one_of(params, "verbose", "debug", "quiet")
+    config = OperatorConfig(
+        evaluation_period=params["evaluation_period"],
+        debounce=params["debounce"],
+        freshness=params["freshness"],
+        eviction_retry=params["eviction_retry"],
+        default_rate_limit=EvictionRateLimit(
+            perMinute=params["eviction_rate_per_minute"], burst=params["eviction_burst"]
+        ),
+        request_timeout=params["request_timeout"],
+    )
+    webhook = None
+    if params["webhook_port"] is not None:
+        webhook = WebhookConfig(
+            port=params["webhook_port"],
+            tls_dir=params["webhook_tls_dir"] or DEFAULT_WEBHOOK_TLS_DIR,
+            addr=params["webhook_address"],
+            host=params["webhook_host"],
+            managed=params["webhook_managed"],
+            extra_sans=tuple(s for s in params["webhook_extra_sans"].split(",") if s),
+        )
+    return OperatorSettings(
+        config=config,
+        namespaces=tuple(params["namespace"]),
+        liveness=params["liveness"],
+        metrics_port=params["metrics_port"],
+        metrics_address=params["metrics_address"],
+        watch_timeout=params["watch_timeout"],
+        webhook=webhook,
+        verbose=params["verbose"],
+        debug=params["debug"],
+        quiet=params["quiet"],
+    )
+
+
+def parse_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> OperatorSettings:
+    """The settings ``vramguard operator ARGV`` would run with, reading the
+    variables of ``env`` (default: the process's). Raises ``click.UsageError``
+    (a ``click.BadParameter`` for a bad value, naming flag, variable and value)."""
+    command = click.Command("operator", params=parameters())
+    obj = Environment(env) if env is not None else None
+    with command.make_context("vramguard operator", list(argv), obj=obj) as ctx:
+        return from_params(ctx.params)
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
+    """The settings from the ``VRAMGUARD_*`` variables of ``env`` (default: the
+    process's) and the defaults, for an operator started without ``vramguard
+    operator`` (``kopf run``). Raises ``ValueError`` with the message of a bad
+    value (flag, variable and value)."""
+    try:
+        return parse_settings((), env if env is not None else dict(os.environ))
+    except click.UsageError as err:
+        raise ValueError(err.format_message()) from None
+
+
+def settings_of(memo: MutableMapping[str, Any]) -> OperatorSettings:
+    """The settings in kopf's memo (``vramguard operator`` puts them there), or
+    else those of the environment, kept in the memo for the other handlers.
+    Raises ``ValueError`` as ``settings_from_env`` does."""
+    settings = memo.get("settings")
+    if not isinstance(settings, OperatorSettings):
+        settings = settings_from_env()
+        memo["settings"] = settings
+    return settings

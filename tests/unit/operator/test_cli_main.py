@@ -1,0 +1,63 @@
+"""The ``vramguard`` command group: its subcommands, the offline ones without
+kopf, and ``kopf run -m vramguard_operator.controller.handlers`` registering
+every handler the command does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import kopf
+
+from vramguard_operator.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "replay"
+
+
+def python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent"))}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_help_lists_every_subcommand(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("operator", "top", "analyze", "replay"))
+
+
+def test_replay_and_analyze_run_without_kopf_or_a_cluster(tmp_path):
+    """kopf cannot be imported, no KUBECONFIG points anywhere: both commands
+    still work (the ``vramguard`` group imports kopf only when ``operator`` runs)."""
+    log = tmp_path / "leak.csv"
+    log.write_text("".join(f"{60 * i},{2**30 + i * 2**24}\n" for i in range(120)))
+    code = f"""
+import os, sys
+sys.modules["kopf"] = None  # import kopf now raises ImportError
+os.environ["KUBECONFIG"] = {str(tmp_path / "absent")!r}
+from vramguard_operator.cli.main import main
+assert main(["replay", "--budget", {str(EXAMPLE / "budget.yaml")!r}, "--usage", {str(EXAMPLE / "usage.csv")!r}]) == 0
+assert main(["analyze", {str(log)!r}]) == 1  # 1: a leak
+print("ok")
+"""
+    done = python(code)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+def test_argparse_subcommands_get_their_arguments_as_given(capsys):
+    rc = main(["replay", "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(EXAMPLE / "usage.csv"), "--json"])
+    assert rc == 0 and capsys.readouterr().out.lstrip().startswith("[")
+
+
+def test_importing_the_handlers_registers_the_policy_handlers():
+    """``kopf run -m vramguard_operator.controller.handlers`` gets the implicit
+    budgets and policy status too."""
+    from vramguard_operator.controller import handlers  # noqa: F401
+
+    registry = kopf.get_default_registry()
+    indexes = [h.id for h in registry._indexing.get_all_handlers()]
+    assert {"pod_index", "budget_index", "gpu_pod_index", "gpu_node_index", "policy_status_index"} <= set(indexes)
+    startups = {h.id for h in registry._activities.get_all_handlers()}
+    assert {"operator_startup", "policy_status_startup", "evaluation"} <= startups

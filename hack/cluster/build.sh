@@ -3,12 +3,23 @@
 # ~/.cache/vramguard/bin/<component>-<version>/ so a second run takes seconds.
 #   kube-apiserver, kube-controller-manager, kube-scheduler: k8s.io/kubernetes
 #   etcd: go.etcd.io/etcd/server/v3;  kwok, kwokctl: sigs.k8s.io/kwok;  helm: helm.sh/helm/v3
+#   the real node (VG_REAL_NODE, docs/real-node.md): kubelet from k8s.io/kubernetes;
+#   containerd, containerd-shim-runc-v2, ctr from github.com/containerd/containerd/v2;
+#   runc, CNI plugins and busybox-static from Debian packages (apt)
 # Prints how long each step took. Usage: hack/cluster/build.sh
 set -euo pipefail
 source "$(dirname "$0")/versions.sh"
 
 mkdir -p "$VG_BIN" "$VG_CACHE/src"
 export GOMODCACHE GOCACHE CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+# One build at a time per cache: a second build.sh (another checkout, make test
+# and make demo at once) waits here and then finds the binaries cached.
+exec 9>"$VG_CACHE/.build.lock"
+if ! flock -n 9; then
+  echo "build: another hack/cluster/build.sh is running; waiting for it"
+  flock 9
+fi
 
 step() {  # step NAME OUTPUT_FILE COMMAND...: run COMMAND unless OUTPUT_FILE exists, and time it
   local name=$1 out=$2; shift 2
@@ -18,10 +29,10 @@ step() {  # step NAME OUTPUT_FILE COMMAND...: run COMMAND unless OUTPUT_FILE exi
   echo "build: $name built in $((SECONDS - t0)) s"
 }
 
-build_kubernetes() {
+kubernetes_wrapper() {  # write the wrapper module for k8s.io/kubernetes; sets K8S_WRAPPER and K8S_LDFLAGS
   local dir="$VG_CACHE/src/kubernetes-$K8S_VERSION" minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
   local staging=v0.${K8S_VERSION#v1.}
-  mkdir -p "$dir" "$K8S_BIN.tmp"
+  mkdir -p "$dir"
   # k8s.io/kubernetes requires its staging modules at v0.0.0 through relative
   # replace lines that do not apply to a dependent module; pin each one to its
   # published tag instead, reading the list from the module's own go.mod.
@@ -32,17 +43,57 @@ build_kubernetes() {
     grep -oE '^\s*k8s.io/[a-z0-9-]+ => \./staging' "$modfile" | awk '{print $1}' | sort -u |
       while read -r m; do echo "replace $m => $m $staging"; done
   } > "$dir/go.mod"
-  printf 'package wrapper\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n' > "$dir/wrapper.go"
+  # Both programs' imports, so that go.sum covers the kubelet's dependencies too.
+  printf 'package wrapper\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n\t_ "k8s.io/kubernetes/cmd/kubelet/app"\n)\n' > "$dir/wrapper.go"
   local pkg=k8s.io/component-base/version cpkg=k8s.io/client-go/pkg/version ld="-s -w"
   for p in $pkg $cpkg; do
     ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
     ld+=" -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  (cd "$dir" && go mod tidy >/dev/null 2>&1 || true
-   cd "$dir" && go build -trimpath -ldflags "$ld" -o "$K8S_BIN.tmp/" \
+  (cd "$dir" && go mod tidy >/dev/null 2>&1 || true)
+  K8S_WRAPPER=$dir K8S_LDFLAGS=$ld
+}
+
+build_kubernetes() {
+  kubernetes_wrapper
+  mkdir -p "$K8S_BIN.tmp"
+  (cd "$K8S_WRAPPER" && go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$K8S_BIN.tmp/" \
      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
      k8s.io/kubernetes/cmd/kube-scheduler)
   mv "$K8S_BIN.tmp" "$K8S_BIN"
+}
+
+build_kubelet() {  # the real node's kubelet, from the same wrapper module (CGO_ENABLED=0 as above)
+  kubernetes_wrapper
+  mkdir -p "$KUBELET_BIN.tmp"
+  (cd "$K8S_WRAPPER" && go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$KUBELET_BIN.tmp/kubelet" \
+     k8s.io/kubernetes/cmd/kubelet)
+  mv "$KUBELET_BIN.tmp" "$KUBELET_BIN"
+}
+
+build_containerd() {  # containerd, its runc shim and ctr; the version stamped as containerd's Makefile does
+  local mod=github.com/containerd/containerd/v2
+  mkdir -p "$CONTAINERD_BIN.tmp"
+  GOBIN="$CONTAINERD_BIN.tmp" go install -trimpath \
+    -ldflags "-s -w -X $mod/version.Version=$CONTAINERD_VERSION -X $mod/version.Package=github.com/containerd/containerd" \
+    "$mod/cmd/containerd@$CONTAINERD_VERSION" "$mod/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+    "$mod/cmd/ctr@$CONTAINERD_VERSION"
+  mv "$CONTAINERD_BIN.tmp" "$CONTAINERD_BIN"
+}
+
+install_debs() {  # install_debs PACKAGE...: the missing ones, through apt
+  local missing=() p
+  for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+  if ((${#missing[@]} == 0)); then echo "build: Debian packages $* installed"; return; fi
+  local t0=$SECONDS
+  # apt's lists may be missing or old on a fresh machine; refresh them once.
+  if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    echo "build: Debian packages ${missing[*]} installed in $((SECONDS - t0)) s"
+  elif [[ ${VG_REAL_NODE:-auto} == on ]]; then
+    echo "build: could not install ${missing[*]} (apt-get failed; VG_REAL_NODE=on)" >&2; return 1
+  else
+    echo "build: could not install ${missing[*]} (apt-get failed): the real node will be skipped"
+  fi
 }
 
 build_etcd() {  # etcd in its own module so its dependencies never move the Kubernetes build
@@ -84,4 +135,17 @@ step "kwok $KWOK_VERSION" "$KWOK_BIN/kwokctl" go_install "$KWOK_BIN" \
   "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"
 step "helm $HELM_VERSION" "$HELM_BIN/helm" build_helm
 step "kubernetes $K8S_VERSION" "$K8S_BIN/kube-apiserver" build_kubernetes
+# The real node (docs/real-node.md) needs root for its Debian packages, cgroups and mounts.
+case ${VG_REAL_NODE:-auto} in
+  off) echo "build: real node off (VG_REAL_NODE=off): kubelet and containerd not built" ;;
+  auto | on)
+    if [[ $(id -u) != 0 && ${VG_REAL_NODE:-auto} == auto ]]; then
+      echo "build: real node skipped: not root (VG_REAL_NODE=auto); kubelet and containerd not built"
+    else
+      step "kubelet $K8S_VERSION" "$KUBELET_BIN/kubelet" build_kubelet
+      step "containerd $CONTAINERD_VERSION" "$CONTAINERD_BIN/ctr" build_containerd
+      install_debs $REAL_NODE_DEBS
+    fi ;;
+  *) echo "build: VG_REAL_NODE must be auto, on or off, got '$VG_REAL_NODE'" >&2; exit 2 ;;
+esac
 echo "build: all binaries ready in $((SECONDS - total0)) s"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start (or reuse) the local cluster: kwokctl's binary runtime with the binaries
-# that build.sh cached, then register the fake GPU nodes. Nothing is downloaded.
-# Prints the KUBECONFIG to use on its last line.
+# that build.sh cached, then register the fake GPU nodes and, where the machine
+# allows, the real node (VG_REAL_NODE=auto|on|off, hack/cluster/realnode.sh).
+# Nothing is downloaded. Prints the KUBECONFIG to use on its last line.
 # The API server writes an audit log (see audit_policy below);
 # `up.sh --print-audit-log` prints its path and does nothing else.
 set -euo pipefail
@@ -43,6 +44,27 @@ rules:
   - level: None
 EOF_POLICY
 
+# kwokctl's configuration: kwok-controller plays only the nodes annotated
+# kwok.x-k8s.io/node=fake (kwokctl's default, --manage-all-nodes=true, would take
+# over the real node); the API server reaches kubelets at their InternalIP (no
+# DNS knows the node names) and authenticates with the admin certificate (logs,
+# exec, the summary API).
+kwokctl_config=$KWOK_WORKDIR/kwokctl-$CLUSTER_NAME.yaml
+cat >"$kwokctl_config" <<EOF_CONFIG
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+componentsPatches:
+- name: kwok-controller
+  extraArgs:
+  - {key: manage-all-nodes, value: "false", override: true}
+  - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}
+- name: kube-apiserver
+  extraArgs:
+  - {key: kubelet-client-certificate, value: $cluster_dir/pki/admin.crt}
+  - {key: kubelet-client-key, value: $cluster_dir/pki/admin.key}
+  - {key: kubelet-preferred-address-types, value: "InternalIP,Hostname"}
+EOF_CONFIG
+
 for b in "$K8S_BIN/kube-apiserver" "$ETCD_BIN/etcd" "$kwokctl"; do
   [[ -x $b ]] || { echo "up: $b missing; run hack/cluster/build.sh first" >&2; exit 1; }
 done
@@ -50,10 +72,13 @@ done
 healthy() { kubectl get --raw /readyz >/dev/null 2>&1; }
 
 t0=$SECONDS
-if healthy && ! cmp -s "$audit_policy" "$cluster_dir/audit.yaml"; then
-  # Made before the audit log was on (or with another policy): the RBAC test
-  # could not read what it needs, so the cluster is made again.
-  echo "up: cluster $CLUSTER_NAME runs without this audit policy; recreating it"
+if healthy && { ! cmp -s "$audit_policy" "$cluster_dir/audit.yaml" ||
+                ! grep -q kubelet-preferred-address-types "$cluster_dir/kwok.yaml"; }; then
+  # Made before the audit log was on (or with another policy), or before kwok was
+  # kept off the real node: the RBAC test could not read what it needs, kwok
+  # would take the real node over; so the cluster is made again.
+  echo "up: cluster $CLUSTER_NAME runs without this audit policy or kwokctl configuration; recreating it"
+  "$here/realnode.sh" down | sed 's/^realnode: /up: real node: /'
   "$kwokctl" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG" >/dev/null 2>&1 || true
 fi
 if healthy; then
@@ -63,7 +88,7 @@ else
   "$kwokctl" delete cluster --name "$CLUSTER_NAME" >/dev/null 2>&1 || true
   # The runtime is set explicitly: left to itself kwokctl probes for docker,
   # and this machine has a docker client without an engine.
-  "$kwokctl" create cluster --name "$CLUSTER_NAME" --runtime binary \
+  "$kwokctl" create cluster --name "$CLUSTER_NAME" --runtime binary --config "$kwokctl_config" \
     --kube-apiserver-binary "$K8S_BIN/kube-apiserver" \
     --kube-controller-manager-binary "$K8S_BIN/kube-controller-manager" \
     --kube-scheduler-binary "$K8S_BIN/kube-scheduler" \
@@ -74,6 +99,7 @@ else
   echo "up: cluster started in $((SECONDS - t0)) s"
 fi
 kubectl apply -f "$here/gpu-nodes.yaml" >/dev/null
-kubectl wait --for=condition=Ready node --all --timeout=120s >/dev/null
+kubectl wait --for=condition=Ready node -l type=kwok --timeout=120s >/dev/null
+"$here/realnode.sh" up | sed 's/^realnode: /up: real node: /'
 echo "up: nodes ready: $(kubectl get nodes -o name | tr '\n' ' ')"
 echo "export KUBECONFIG=$KUBECONFIG"

@@ -13,3 +13,19 @@ K8S_BIN=$VG_BIN/kubernetes-$K8S_VERSION
 ETCD_BIN=$VG_BIN/etcd-$ETCD_VERSION
 KWOK_BIN=$VG_BIN/kwok-$KWOK_VERSION
 HELM_BIN=$VG_BIN/helm-$HELM_VERSION-k8s  # -k8s: built with the Kubernetes version stamped
+
+# The real node (docs/real-node.md): a kubelet and containerd on this machine.
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.2.9}
+KUBELET_BIN=$VG_BIN/kubelet-$K8S_VERSION
+CONTAINERD_BIN=$VG_BIN/containerd-$CONTAINERD_VERSION
+# Debian packages the real node needs: runc, CNI plugins (bridge, host-local,
+# loopback) and a static busybox for the local images.
+REAL_NODE_DEBS="runc containernetworking-plugins busybox-static"
+RUNC=${RUNC:-/usr/sbin/runc}
+CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
+BUSYBOX=${BUSYBOX:-/bin/busybox}
+# Images built locally (hack/cluster/images.sh), never pulled.
+PAUSE_IMAGE=registry.k8s.io/pause:3.10
+WORKLOAD_IMAGE=vramguard.local/busybox:1
+REAL_NODE_NAME=real-node-1
+REAL_NODE_STATE=${VG_REAL_NODE_STATE:-$VG_CACHE/realnode-${VG_CLUSTER_NAME:-vramguard}}

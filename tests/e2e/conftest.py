@@ -1,11 +1,13 @@
 """Session fixture for end-to-end tests: the local cluster (a real kube-apiserver,
 etcd, controller-manager and scheduler started by kwokctl, with kwok simulating
 the GPU nodes), started or reused through hack/cluster/up.sh, with the CRDs
-installed and Established."""
+installed and Established; and the real node (a kubelet and containerd on this
+machine, docs/real-node.md) where up.sh could start it."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .realnode import RealNode, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VG_CACHE", Path.home() / ".cache" / "vramguard"))
@@ -25,6 +29,8 @@ class Cluster:
 
     kubeconfig: str
     helm: str | None
+    real_node_note: str = ""
+    """What up.sh said about the real node ("up: real node: ..." lines)."""
 
     def env(self) -> dict[str, str]:
         """The process environment with KUBECONFIG pointing at the cluster."""
@@ -60,13 +66,33 @@ def cluster() -> Cluster:
     if up.returncode != 0:
         pytest.fail(f"hack/cluster/up.sh failed:\n{up.stdout}\n{up.stderr}")
     kubeconfig = up.stdout.strip().splitlines()[-1].removeprefix("export KUBECONFIG=")
-    c = Cluster(kubeconfig=kubeconfig, helm=_helm())
+    note = "; ".join(line.removeprefix("up: real node: ") for line in up.stdout.splitlines()
+                     if line.startswith("up: real node: "))
+    c = Cluster(kubeconfig=kubeconfig, helm=_helm(), real_node_note=note)
     c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     names = [
         f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.vramguard.io" for p in (ROOT / "crds").glob("*.yaml")
     ]
     c.kubectl("wait", "--for=condition=Established", *names, "--timeout=60s")
     return c
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster) -> RealNode:
+    """The real node, Ready and run by a real kubelet; the test is skipped, saying
+    why, where up.sh did not start it (VG_REAL_NODE, docs/real-node.md)."""
+    s = settings()
+    node = cluster.kubectl("get", "node", s["REAL_NODE_NAME"], "-o", "json", check=False)
+    if node.returncode != 0:
+        pytest.skip(f"no real node in this cluster: {cluster.real_node_note or 'up.sh said nothing about it'}")
+    obj = json.loads(node.stdout)
+    ready = [c["status"] for c in obj["status"].get("conditions", []) if c["type"] == "Ready"]
+    if ready != ["True"]:
+        pytest.skip(f"real node {s['REAL_NODE_NAME']} is not Ready ({cluster.real_node_note})")
+    return RealNode(
+        name=s["REAL_NODE_NAME"], state=Path(s["REAL_NODE_STATE"]), ctr=f"{s['CONTAINERD_BIN']}/ctr",
+        image=s["WORKLOAD_IMAGE"], kubelet_version=s["K8S_VERSION"], containerd_version=s["CONTAINERD_VERSION"],
+    )
 
 
 @pytest.fixture

@@ -241,15 +241,31 @@ def test_install_prints_the_notes(installed):
     assert f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=privileged" in out
 
 
+def tolerates(tolerations: list[dict[str, str]], taint: dict[str, str]) -> bool:
+    """Kubernetes' matching rule (core/v1 Toleration.ToleratesTaint)."""
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint["effect"]:
+            continue
+        if t.get("operator") == "Exists" and not t.get("key"):
+            return True
+        if t.get("key") == taint["key"] and (t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", "")):
+            return True
+    return False
+
+
 def test_agent_runs_on_gpu_nodes_only(installed, cluster):
     nodes = get(cluster, "nodes")["items"]
+    ds = get(cluster, "daemonset/vramguard-agent", "-n", NAMESPACE)
+    tolerations = ds["spec"]["template"]["spec"].get("tolerations", [])
     gpu_labels = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present",
                   "feature.node.kubernetes.io/pci-0302_10de.present",
                   "feature.node.kubernetes.io/pci-0300_10de.present")
+    # GPU nodes whose NoSchedule taints the agent tolerates (the real node's
+    # vramguard.io/real-node taint it does not: docs/real-node.md).
     gpu = {n["metadata"]["name"] for n in nodes
-           if any(n["metadata"]["labels"].get(k) == "true" for k in gpu_labels)}
+           if any(n["metadata"]["labels"].get(k) == "true" for k in gpu_labels)
+           and all(tolerates(tolerations, t) for t in n["spec"].get("taints", []) if t["effect"] != "PreferNoSchedule")}
     assert NFD_NODE in gpu and CPU_NODE not in gpu
-    ds = get(cluster, "daemonset/vramguard-agent", "-n", NAMESPACE)
     assert ds["status"]["desiredNumberScheduled"] == len(gpu)
     pods = get(cluster, "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=agent")["items"]
     assert {p["spec"]["nodeName"] for p in pods} == gpu

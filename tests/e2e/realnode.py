@@ -1,0 +1,123 @@
+"""The real node for end-to-end tests (hack/cluster/realnode.sh, docs/real-node.md):
+its handle, host-side readers that do not go through vramguard's code
+(containerd's task list, the kernel's cgroup files) and a pod builder."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TAINT = "vramguard.io/real-node"
+
+
+def settings() -> dict[str, str]:
+    """The real node's names and paths, from hack/cluster/versions.sh (as the scripts see them)."""
+    names = ("REAL_NODE_NAME", "REAL_NODE_STATE", "CONTAINERD_BIN", "CONTAINERD_VERSION", "WORKLOAD_IMAGE",
+             "K8S_VERSION")
+    script = f"source {ROOT / 'hack/cluster/versions.sh'} && " + " && ".join(f'echo "${n}"' for n in names)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+    return dict(zip(names, out, strict=True))
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """The real node of the test cluster: its Node name, its containerd and its workload image."""
+
+    name: str
+    state: Path
+    ctr: str
+    image: str
+    kubelet_version: str
+    containerd_version: str
+
+    def host_pid(self, container_id: str) -> int | None:
+        """The host PID of a container's init process, from containerd's task list
+        (``ctr tasks ls``: TASK PID STATUS); None when containerd has no such task."""
+        out = subprocess.run(
+            [self.ctr, "--address", str(self.state / "run/containerd.sock"), "-n", "k8s.io", "tasks", "ls"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout
+        for line in out.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3 and fields[0] == container_id and fields[2] == "RUNNING":
+                return int(fields[1])
+        return None
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, type, options) of each cgroup mount, from /proc/mounts."""
+    found = []
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, target, kind, options, *_ = line.split()
+        if kind in ("cgroup", "cgroup2"):
+            found.append((target, kind, set(options.split(","))))
+    return found
+
+
+def cgroup_dir(pid: int, controller: str) -> Path:
+    """The directory of ``pid``'s cgroup for ``controller`` (``cpu``, ``cpuacct``,
+    ``memory``): in the v1 hierarchy that has it, else in the v2 one. Read from
+    the kernel (/proc/<pid>/cgroup and /proc/mounts), not through vramguard's
+    parser. Raises LookupError when neither is mounted."""
+    paths = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        paths["" if hierarchy == "0" else controllers] = path
+    for target, kind, options in _mounts():
+        key = next((k for k in paths if controller in k.split(",")), None)
+        if kind == "cgroup" and controller in options and key is not None:
+            return Path(target) / paths[key].lstrip("/")
+    for target, kind, _ in _mounts():
+        if kind == "cgroup2" and "" in paths:
+            return Path(target) / paths[""].lstrip("/")
+    raise LookupError(f"no mounted cgroup hierarchy has the {controller} controller for pid {pid}")
+
+
+def cpu_quota_us(pid: int) -> int | None:
+    """The CFS quota of ``pid``'s cgroup in microseconds per period (None: unlimited).
+    cgroup v1 ``cpu.cfs_quota_us`` (-1 unlimited) or v2 ``cpu.max`` ("max 100000")."""
+    directory = cgroup_dir(pid, "cpu")
+    v1 = directory / "cpu.cfs_quota_us"
+    if v1.exists():
+        quota = int(v1.read_text())
+        return None if quota < 0 else quota
+    first = (directory / "cpu.max").read_text().split()[0]
+    return None if first == "max" else int(first)
+
+
+def cpu_usage_s(pid: int) -> float:
+    """CPU time used by ``pid``'s cgroup, in seconds: v1 ``cpuacct.usage`` (ns) or v2 ``cpu.stat`` usage_usec."""
+    directory = cgroup_dir(pid, "cpuacct")
+    v1 = directory / "cpuacct.usage"
+    if v1.exists():
+        return int(v1.read_text()) / 1e9
+    stat = dict(line.split() for line in (directory / "cpu.stat").read_text().splitlines())
+    return int(stat["usage_usec"]) / 1e6
+
+
+def pod(node: RealNode, name: str, script: str, *, cpu: tuple[str, str] = ("50m", "200m"),
+        host_dir: Path | None = None, grace_s: int = 30) -> dict[str, Any]:
+    """A Burstable pod for the real node: one container ``main`` running ``script``
+    with ``/bin/sh -c`` from the local busybox image (never pulled), CPU request and
+    limit ``cpu``, and ``host_dir`` (a host directory) mounted at /host when given."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": node.image,
+        "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", script],
+        "resources": {"requests": {"cpu": cpu[0], "memory": "16Mi"}, "limits": {"cpu": cpu[1], "memory": "64Mi"}},
+    }
+    spec: dict[str, Any] = {
+        "nodeSelector": {TAINT: "true"},
+        "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": grace_s,
+        "containers": [container],
+    }
+    if host_dir is not None:
+        container["volumeMounts"] = [{"name": "host", "mountPath": "/host"}]
+        spec["volumes"] = [{"name": "host", "hostPath": {"path": str(host_dir), "type": "Directory"}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}

@@ -103,7 +103,9 @@ cleanup() {  # cleanup STATE: stop and remove everything of the real node whose 
 cmd_down() {
   local holder; holder=$(lock_holder)
   if [[ -n $holder && $holder != "$CLUSTER_NAME" ]]; then
-    say "the real node belongs to cluster '$holder'; nothing of it to stop here"; return 0
+    # Nothing to say unless this cluster expected it (its state directory exists).
+    [[ -d $STATE ]] && say "the real node belongs to cluster '$holder'; nothing of it to stop here"
+    return 0
   fi
   [[ -n $holder || -d $STATE ]] || return 0
   local t0=$SECONDS

@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client
 
 from vramguard_agent.pods import PodWatcher
-from vramguard_operator.controller.actions import KubeActions
+from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.engine.types import ContainerCPU, PodRef
 
 from .conftest import Cluster

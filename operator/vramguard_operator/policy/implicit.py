@@ -33,7 +33,9 @@ from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.units import format_bytes
 from vramguard_operator.engine.selectors import compile_selector
 from vramguard_operator.policy.merge import MergedPolicy
-from vramguard_operator.policy.shares import EffectiveLimit, NodeFacts, PodGPURequest, per_device_limit, sourced_limit
+from vramguard_operator.policy.node import NodeFacts
+from vramguard_operator.policy.request import PodGPURequest
+from vramguard_operator.policy.shares import EffectiveLimit, per_device_limit, sourced_limit
 
 IMPLICIT_LABEL = "vramguard.io/implicit-pod"
 IMPLICIT_NAME_PREFIX = "default:"

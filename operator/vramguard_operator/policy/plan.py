@@ -37,7 +37,7 @@ from vramguard_operator.policy.implicit import (
     limits_patches,
 )
 from vramguard_operator.policy.merge import MergedPolicy, merge
-from vramguard_operator.policy.shares import NodeFacts
+from vramguard_operator.policy.node import NodeFacts
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import yaml
 
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.policy.shares import NodeFacts
+from vramguard_operator.policy.node import NodeFacts
 
 from ..engine.builders import stale_selector
 

@@ -18,7 +18,8 @@ from vramguard_operator.policy.mutation import (
     mutate_pod,
     xla_fraction,
 )
-from vramguard_operator.policy.shares import EffectiveLimit, PodGPURequest
+from vramguard_operator.policy.request import PodGPURequest
+from vramguard_operator.policy.shares import EffectiveLimit
 
 from .builders import GI, MI, device, node, pod, policy
 

@@ -7,10 +7,10 @@ from decimal import Decimal
 import pytest
 
 from vramguard_operator.policy.merge import MergedPolicy, merge
+from vramguard_operator.policy.node import NodeFacts
+from vramguard_operator.policy.request import PodGPURequest
 from vramguard_operator.policy.shares import (
     EffectiveLimit,
-    NodeFacts,
-    PodGPURequest,
     candidate_nodes,
     clamp,
     declared_limit,

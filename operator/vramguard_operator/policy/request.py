@@ -1,0 +1,144 @@
+"""What a pod asks for on GPUs: device-plugin resources (``nvidia.com/gpu``,
+MIG profiles, HAMi's and Aliyun's memory resources) and KAI's annotations,
+summed or maxed over its containers. Pure: pods are JSON-like dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from vramguard_api.units import quantity_decimal
+
+# Pod resources and annotations of GPU-sharing systems.
+RESOURCE_GPU = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+HAMI_GPUMEM = "nvidia.com/gpumem"  # MiB per vGPU
+HAMI_GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"  # percent of the device per vGPU
+ALIYUN_GPU_MEM = "aliyun.com/gpu-mem"  # GiB (default unit of gpushare-device-plugin)
+ALIYUN_GPU_COUNT = "aliyun.com/gpu-count"  # node resource: number of shared GPUs
+KAI_GPU_MEMORY = "gpu-memory"  # pod annotation, MiB per device
+KAI_GPU_FRACTION = "gpu-fraction"  # pod annotation, fraction of one device in (0, 1]
+
+
+@dataclass(frozen=True, slots=True)
+class PodGPURequest:
+    """What a pod asks for on GPUs, summed or maxed over its containers.
+
+    ``gpus``: ``nvidia.com/gpu`` devices (or vGPUs under HAMi). ``mig``: count
+    per MIG profile. ``hami_gpumem_mib`` / ``hami_percentage``: the largest
+    per-container HAMi grant per device. ``aliyun_gpu_mem``: sum over
+    containers, in the node's unit. ``kai_memory_mib`` / ``kai_fraction``: the
+    KAI scheduler annotations. ``problems``: unparsable values (skipped), each
+    naming the field and the value.
+    """
+
+    gpus: int = 0
+    mig: Mapping[str, int] = field(default_factory=dict)
+    hami_gpumem_mib: int | None = None
+    hami_percentage: int | None = None
+    aliyun_gpu_mem: Decimal | None = None
+    kai_memory_mib: int | None = None
+    kai_fraction: float | None = None
+    gpu_containers: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @property
+    def is_gpu_pod(self) -> bool:
+        """Whether the pod uses a GPU through any of the supported resources."""
+        return bool(
+            self.gpus
+            or self.mig
+            or self.aliyun_gpu_mem
+            or self.kai_memory_mib
+            or self.kai_fraction
+            or self.hami_gpumem_mib
+        )
+
+    @property
+    def device_count(self) -> int:
+        """Devices the pod holds (GPUs plus MIG devices; 1 for a fractional share)."""
+        return max(1, self.gpus + sum(self.mig.values()))
+
+    @classmethod
+    def from_api(cls, pod: Mapping[str, Any]) -> PodGPURequest:
+        """Parse a Pod (JSON-like dict). Resource values are read from
+        ``limits``, else ``requests`` (extended resources must have equal ones)."""
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        where = f"pod {meta.get('namespace')}/{meta.get('name') or meta.get('generateName')}"
+        problems: list[str] = []
+        gpus = 0
+        mig: dict[str, int] = {}
+        gpumem: list[int] = []
+        percent: list[int] = []
+        aliyun = Decimal(0)
+        gpu_containers = []
+        for i, c in enumerate(spec.get("containers") or ()):
+            res = container_resources(c)
+            path = f"{where}: spec.containers[{i}].resources"
+            uses = False
+            for name, raw in res.items():
+                value = _number(raw, f"{path}[{name}]", problems)
+                if value is None or value <= 0:
+                    continue
+                if name == RESOURCE_GPU:
+                    gpus += int(value)
+                elif name.startswith(MIG_RESOURCE_PREFIX):
+                    profile = name.removeprefix(MIG_RESOURCE_PREFIX)
+                    mig[profile] = mig.get(profile, 0) + int(value)
+                elif name == HAMI_GPUMEM:
+                    gpumem.append(int(value))
+                elif name == HAMI_GPUMEM_PERCENTAGE:
+                    percent.append(int(value))
+                elif name == ALIYUN_GPU_MEM:
+                    aliyun += value
+                else:
+                    continue
+                uses = True
+            if uses:
+                gpu_containers.append(c.get("name") or "")
+        ann = meta.get("annotations") or {}
+        kai_mem = _number(ann.get(KAI_GPU_MEMORY), f"{where}: annotation {KAI_GPU_MEMORY}", problems)
+        kai_frac = _fraction(ann.get(KAI_GPU_FRACTION), f"{where}: annotation {KAI_GPU_FRACTION}", problems)
+        return cls(
+            gpus=gpus,
+            mig=mig,
+            hami_gpumem_mib=max(gpumem) if gpumem else None,
+            hami_percentage=max(percent) if percent else None,
+            aliyun_gpu_mem=aliyun or None,
+            kai_memory_mib=int(kai_mem) if kai_mem else None,
+            kai_fraction=kai_frac,
+            gpu_containers=tuple(gpu_containers),
+            problems=tuple(problems),
+        )
+
+
+def container_resources(c: Mapping[str, Any]) -> dict[str, Any]:
+    res = c.get("resources") or {}
+    return {**(res.get("requests") or {}), **(res.get("limits") or {})}
+
+
+def _number(raw: Any, where: str, problems: list[str]) -> Decimal | None:
+    if raw is None:
+        return None
+    try:
+        return quantity_decimal(raw)
+    except (ValueError, TypeError, InvalidOperation):
+        problems.append(f"{where}: invalid quantity {raw!r}")
+        return None
+
+
+def _fraction(raw: Any, where: str, problems: list[str]) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not 0 < value <= 1:
+        problems.append(f"{where}: {raw!r} is not a fraction in (0, 1]")
+        return None
+    return value

@@ -269,6 +269,7 @@ def evaluate(inp: EngineInput) -> EngineOutput:
         acting = inp.policy.mode == "Enforce" and budget.spec.enforcement.mode == "Enforce"
         exempt = ns in inp.policy.exempt_namespaces
         ev = _BudgetEval(ctx, budget, pods_by_ns.get(ns, []), nodes, acting and not exempt, acting)
+        ev.device_limits = inp.device_limits.get(budget.metadata.uid or "", {})
         statuses.append(BudgetStatusUpdate(ev.ref, ev.run()))
     _restore_untrottled(ctx)
     return EngineOutput(
@@ -347,6 +348,7 @@ class _BudgetEval:
         self.measured: dict[ViolationKey, _Measure] = {}
         self.prev_status = budget.status or GPUMemoryBudgetStatus()
         self.warnings: list[_WarnCand] = []
+        self.device_limits: Mapping[str, int] = {}  # device UUID -> bytes (EngineInput.device_limits)
 
     # -- driver
 
@@ -428,9 +430,11 @@ class _BudgetEval:
                 yield _limit_measure(ViolationKey(ns, name, "PodVRAM", pn), d.vram, pod_vram, over, margin, d)
             if pod_ram is not None and not (quiet and (d.ram is None or d.ram < ram_quiet)):
                 yield _limit_measure(ViolationKey(ns, name, "PodRAM", pn), d.ram, pod_ram, over, margin, d)
-            if per_device is not None:
+            if per_device is not None or self.device_limits:
                 for uuid, used, usable in d.devices:
-                    limit = per_device.bytes_for(usable)
+                    limit = self._device_limit(uuid, usable)
+                    if limit is None and (per_device is None or uuid in self.device_limits):
+                        continue  # no limit on this device
                     if quiet and (used is None or limit is None or used < thr * limit):
                         continue
                     key = ViolationKey(ns, name, "DeviceVRAM", pn, uuid)
@@ -490,6 +494,13 @@ class _BudgetEval:
                 m.projected_evict = self.now + timedelta(seconds=max(0.0, left - th.evict_before_seconds))
         return m
 
+    def _device_limit(self, uuid: str, usable: int | None) -> int | None:
+        """The limit on one device: a named device limit, else the budget's perDevice."""
+        if uuid in self.device_limits:
+            return self.device_limits[uuid]
+        per_device = self.spec.limits.per_device
+        return None if per_device is None else per_device.bytes_for(usable)
+
     def _vram_cap(self, d: _PodData) -> int | None:
         """The VRAM a leaking pod runs into: perPod.vram, else the per-device
         limit (or usable memory) of the device it uses most."""
@@ -499,8 +510,8 @@ class _BudgetEval:
         if not d.devices:
             return None
         uuid, used, usable = max(d.devices, key=lambda x: x[1] or 0)
-        if lim.per_device is not None:
-            cap = lim.per_device.bytes_for(usable)
+        if lim.per_device is not None or uuid in self.device_limits:
+            cap = self._device_limit(uuid, usable)
             # the projection runs on the pod's total VRAM: shift the device cap by its other devices
             return None if cap is None or d.vram is None else cap + (d.vram - (used or 0))
         if usable is None or d.vram is None:

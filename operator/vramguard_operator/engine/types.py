@@ -235,7 +235,11 @@ class EngineInput:
     given (or has another uid) is treated as a deleted budget and recovered.
     ``reports``: NodeGPUUsage by node name. ``pods``: the pods of those
     namespaces (any phase; only Running, non-terminating pods are evaluated).
-    ``now``: the evaluation time, timezone-aware UTC.
+    ``now``: the evaluation time, timezone-aware UTC. ``device_limits``: by
+    budget uid, bytes per device UUID that replace the budget's ``perDevice``
+    limit on those devices (what a DRA claim or a sharer granted on a named
+    device: ``policy.implicit``); a budget without ``perDevice`` is limited on
+    those devices only.
     """
 
     budgets: tuple[GPUMemoryBudget, ...]
@@ -244,6 +248,7 @@ class EngineInput:
     now: datetime
     policy: EffectivePolicy = EffectivePolicy()
     config: EngineConfig = EngineConfig()
+    device_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 # --- References and keys --------------------------------------------------------

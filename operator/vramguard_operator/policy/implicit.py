@@ -1,5 +1,6 @@
 """Implicit budgets: the limits of GPU pods that no GPUMemoryBudget selects,
-in a form the engine evaluates like any other budget.
+and of pods whose scheduler or device plugin booked their memory, in a form
+the engine evaluates like any other budget.
 
 For each such pod (scheduled, not finished, in a namespace that is not exempt)
 one GPUMemoryBudget is synthesized in memory, never written to the API:
@@ -8,11 +9,19 @@ one GPUMemoryBudget is synthesized in memory, never written to the API:
   never collides with a real budget), uid ``implicit:<pod uid>``;
 - selector ``vramguard.io/implicit-pod: <pod uid>``: the label is added to
   that pod's ``PodFacts`` only (``label_pods``), never to the Pod object;
-- limits: ``perDevice.vram`` from ``shares.per_device_limit`` (a budget the
-  pod declares for another GPU-sharing system, else the policy default or the
-  node's share, lowered by ceilings) and ``perPod`` from the policy defaults;
+- limits: ``perDevice.vram`` from ``shares.per_device_limit`` (what another
+  system granted the pod, else the policy default or the node's share,
+  lowered by ceilings), a limit per device UUID where a grant names the
+  device (a DRA claim, a sharer's allocation annotation: ``device_limits``,
+  passed to the engine as ``EngineInput.device_limits``) and ``perPod`` from
+  the policy defaults;
 - enforcement: ``Annotate`` only (a platform default never throttles or
   evicts on its own), in the namespace's effective mode.
+
+A pod that a real budget selects keeps it, and gets an implicit budget only
+when something granted it memory: ``allocation:<pod name>``, with the grants'
+limits alone (no policy defaults). Both are evaluated, so the stricter limit
+acts first: what the scheduler booked holds even under a looser budget.
 
 The engine's decisions and pod annotations for an implicit budget are applied
 like any other; its Events go on the pod only and its status is not written
@@ -32,23 +41,32 @@ from vramguard_api.bounds import clamp_limit_bytes
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.units import format_bytes
 from vramguard_operator.engine.selectors import compile_selector
+from vramguard_operator.policy.grants import EffectiveLimit, Grants
 from vramguard_operator.policy.merge import MergedPolicy
 from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.request import PodGPURequest
-from vramguard_operator.policy.shares import EffectiveLimit, per_device_limit, sourced_limit
+from vramguard_operator.policy.shares import device_limits, per_device_limit, sourced_limit
 
 IMPLICIT_LABEL = "vramguard.io/implicit-pod"
 IMPLICIT_NAME_PREFIX = "default:"
+ALLOCATION_NAME_PREFIX = "allocation:"
 IMPLICIT_UID_PREFIX = "implicit:"
 ANNOTATION_LIMITS = "vramguard.io/limits"
-"""Effective limits of a pod that no budget selects, and where each came from:
+"""Effective limits of a pod with an implicit budget, and where each came from:
 compact JSON ``{"perDevice": {"limit": "19.8Gi", "bytes": 21265121280,
-"source": "node/time-slicing:4", "detail": "..."}, "perPod.vram": {...}}``."""
+"source": "node/time-slicing:4", "detail": "..."}, "perDevice[GPU-...]": {...},
+"perPod.vram": {...}}``."""
+
+
+def device_key(uuid: str) -> str:
+    """The limit path of one device's limit: ``perDevice[<uuid>]``."""
+    return f"perDevice[{uuid}]"
 
 
 @dataclass(frozen=True, slots=True)
 class ImplicitBudget:
-    """A synthesized budget for one pod, its limits and their sources."""
+    """A synthesized budget for one pod, its limits and their sources (by limit
+    path: ``perDevice``, ``perDevice[<uuid>]``, ``perPod.vram``, ``perPod.ram``)."""
 
     namespace: str
     pod_name: str
@@ -58,8 +76,14 @@ class ImplicitBudget:
 
     @property
     def sources(self) -> dict[str, str]:
-        """Source per limit path (``perDevice``, ``perPod.vram``, ``perPod.ram``)."""
+        """Source per limit path."""
         return {k: v.source for k, v in self.limits.items()}
+
+    @property
+    def device_limits(self) -> dict[str, int]:
+        """Bytes per device UUID, for the limits a grant sets on named devices."""
+        prefix = device_key("")[:-1]
+        return {k[len(prefix) : -1]: clamp_limit_bytes(v.bytes) for k, v in self.limits.items() if k.startswith(prefix)}
 
 
 def is_implicit(uid: str | None) -> bool:
@@ -68,65 +92,105 @@ def is_implicit(uid: str | None) -> bool:
 
 
 def pod_limits(
-    req: PodGPURequest, node: NodeFacts | None, merged: MergedPolicy
+    req: PodGPURequest, node: NodeFacts | None, merged: MergedPolicy, grants: Grants | None = None
 ) -> dict[str, EffectiveLimit]:
-    """The effective limits of an unselected GPU pod, by limit path. The
-    per-device limit never exceeds the per-pod VRAM limit (a pod cannot hold
-    more on one device than in total)."""
+    """The effective limits of a GPU pod with an implicit budget, by limit path.
+    No device limit exceeds the per-pod VRAM limit (a pod cannot hold more on
+    one device than in total)."""
+    granted = grants or Grants()
     out: dict[str, EffectiveLimit] = {}
     pod_vram = sourced_limit(merged.default_pod_vram, "perPod.vram", merged.ceiling_pod_vram)
     pod_ram = sourced_limit(merged.default_pod_ram, "perPod.ram", merged.ceiling_pod_ram)
-    device = per_device_limit(req, node, merged)
-    if device is not None and pod_vram is not None and device.bytes > pod_vram.bytes:
-        device = EffectiveLimit(pod_vram.bytes, pod_vram.source, f"perPod.vram; lowered from {device.describe()}")
-    for key, value in (("perDevice", device), ("perPod.vram", pod_vram), ("perPod.ram", pod_ram)):
+    device = per_device_limit(req, node, merged, granted)
+    devices: dict[str, EffectiveLimit | None] = {"perDevice": device}
+    devices |= {device_key(u): v for u, v in device_limits(device, node, merged, granted).items()}
+    for key, value in devices.items():
+        if value is not None and pod_vram is not None and value.bytes > pod_vram.bytes:
+            value = EffectiveLimit(pod_vram.bytes, pod_vram.source, f"perPod.vram; lowered from {value.describe()}")
+        if value is not None:
+            out[key] = value
+    for key, value in (("perPod.vram", pod_vram), ("perPod.ram", pod_ram)):
         if value is not None:
             out[key] = value
     return out
 
 
+def grants_only(merged: MergedPolicy) -> MergedPolicy:
+    """``merged`` without its defaults (ceilings, mode and exemption kept): the
+    policy as it applies to a pod that a real budget selects."""
+    return replace(
+        merged,
+        default_pod_vram=None,
+        default_pod_ram=None,
+        default_device_vram=None,
+        default_device_fraction=None,
+        share_from_node=None,
+    )
+
+
 def implicit_budget(
-    pod: Mapping[str, Any], node: NodeFacts | None, merged: MergedPolicy
+    pod: Mapping[str, Any],
+    node: NodeFacts | None,
+    merged: MergedPolicy,
+    grants: Grants | None = None,
+    selected: bool = False,
 ) -> ImplicitBudget | None:
     """The implicit budget of one pod (a JSON-like Pod dict), or None when the
-    pod uses no GPU, its namespace is exempt, or nothing limits it."""
+    pod uses no GPU, its namespace is exempt, or nothing limits it. ``grants``:
+    what DRA claims and sharers granted it; ``selected``: a real budget selects
+    it (then only what was granted counts: ``allocation:<pod>``)."""
     meta = pod.get("metadata") or {}
     ns, name, uid = meta.get("namespace") or "", meta.get("name") or "", meta.get("uid") or ""
     if merged.exempt or not (ns and name and uid):
         return None
     req = PodGPURequest.from_api(pod)
-    if not req.is_gpu_pod:
+    if not (req.is_gpu_pod or grants):
         return None
-    limits = pod_limits(req, node, merged)
+    limits = pod_limits(req, node, grants_only(merged) if selected else merged, grants)
     if not limits:
         return None
+    prefix = ALLOCATION_NAME_PREFIX if selected else IMPLICIT_NAME_PREFIX
+    budget = synthesized_budget(prefix + name, ns, IMPLICIT_UID_PREFIX + uid, {IMPLICIT_LABEL: uid}, limits, merged)
+    return ImplicitBudget(ns, name, uid, budget, limits)
+
+
+def synthesized_budget(
+    name: str,
+    namespace: str,
+    uid: str,
+    labels: Mapping[str, str],
+    limits: Mapping[str, EffectiveLimit],
+    merged: MergedPolicy,
+) -> GPUMemoryBudget:
+    """An in-memory GPUMemoryBudget selecting ``labels`` with the ``perDevice``,
+    ``perPod.*`` and ``total.*`` entries of ``limits`` (bytes), laddered
+    ``Annotate`` only, in the namespace's effective mode."""
     spec_limits: dict[str, Any] = {}
     # A declared grant is the pod author's to write (nvidia.com/gpumem: 1e12): kept
     # within the API's bounds so that the budget always validates.
     if "perDevice" in limits:
         spec_limits["perDevice"] = {"vram": str(clamp_limit_bytes(limits["perDevice"].bytes))}
-    per_pod = {k.split(".")[1]: str(clamp_limit_bytes(v.bytes)) for k, v in limits.items() if k.startswith("perPod.")}
-    if per_pod:
-        spec_limits["perPod"] = per_pod
-    budget = GPUMemoryBudget.model_validate(
-        {
-            "metadata": {
-                "name": IMPLICIT_NAME_PREFIX + name,
-                "namespace": ns,
-                "uid": IMPLICIT_UID_PREFIX + uid,
-                "generation": 1,
-            },
-            "spec": {
-                "selector": {"matchLabels": {IMPLICIT_LABEL: uid}},
-                "limits": spec_limits,
-                "enforcement": {
-                    "mode": merged.effective_mode,
-                    "escalation": [{"action": "Annotate", "after": "0s"}],
-                },
-            },
-        }
-    )
-    return ImplicitBudget(ns, name, uid, budget, limits)
+    for level in ("perPod", "total"):
+        values = {k.split(".")[1]: str(clamp_limit_bytes(v.bytes)) for k, v in limits.items() if k.startswith(level + ".")}
+        if values:
+            spec_limits[level] = values
+    body = {
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "generation": 1},
+        "spec": {
+            "selector": {"matchLabels": dict(labels)},
+            "limits": spec_limits or {"perDevice": {"fraction": 1.0}},
+            "enforcement": {"mode": merged.effective_mode, "escalation": [{"action": "Annotate", "after": "0s"}]},
+        },
+    }
+    budget = GPUMemoryBudget.model_validate(body)
+    if spec_limits:
+        return budget
+    # Every limit is on a named device (EngineInput.device_limits): the API wants
+    # at least one limit in the spec, but a whole-device perDevice would warn on
+    # the pod's other devices. In memory only, never written, so the empty
+    # limits object the API would refuse is built without its validator.
+    empty = type(budget.spec.limits).model_construct()
+    return budget.model_copy(update={"spec": budget.spec.model_copy(update={"limits": empty})})
 
 
 def selected_uids(
@@ -155,31 +219,39 @@ def build_implicit(
     budgets: Sequence[GPUMemoryBudget],
     nodes: Mapping[str, NodeFacts],
     merged: Mapping[str, MergedPolicy],
+    grants: Mapping[str, Grants] | None = None,
 ) -> list[ImplicitBudget]:
     """Implicit budgets for every scheduled, unfinished GPU pod that no budget
-    selects. ``merged``: the merged policy per namespace (a namespace missing
-    from it gets no defaults: ``MergedPolicy(namespace)``)."""
+    selects, and ``allocation:`` budgets for the selected ones that were granted
+    memory. ``merged``: the merged policy per namespace (a namespace missing
+    from it gets no defaults: ``MergedPolicy(namespace)``); ``grants``: by pod uid."""
     taken = selected_uids(pods, budgets)
     out = []
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         phase = (pod.get("status") or {}).get("phase")
-        if meta.get("uid") in taken or not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+        if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
             continue
-        ns = meta.get("namespace") or ""
-        found = implicit_budget(pod, nodes.get(spec["nodeName"]), merged.get(ns, MergedPolicy(ns)))
+        uid, ns = meta.get("uid") or "", meta.get("namespace") or ""
+        node, policy = nodes.get(spec["nodeName"]), merged.get(ns, MergedPolicy(ns))
+        found = implicit_budget(pod, node, policy, (grants or {}).get(uid), selected=uid in taken)
         if found is not None:
             out.append(found)
     return out
 
 
-def label_pods(pods: Sequence[Any], implicit: Iterable[ImplicitBudget]) -> tuple[Any, ...]:
-    """``PodFacts`` (engine_types) with the implicit selector label added to the
-    pods that have an implicit budget; the others are returned as they are."""
-    uids = {i.pod_uid for i in implicit}
-    return tuple(
-        replace(p, labels={**p.labels, IMPLICIT_LABEL: p.uid}) if p.uid in uids else p for p in pods
-    )
+def label_pods(
+    pods: Sequence[Any],
+    implicit: Iterable[ImplicitBudget],
+    extra: Mapping[str, Mapping[str, str]] | None = None,
+) -> tuple[Any, ...]:
+    """``PodFacts`` (engine types) with the implicit selector label added to the
+    pods that have an implicit budget, and the ``extra`` labels by pod uid (a
+    shared claim's: ``claim_budgets``); the others are returned as they are."""
+    labels: dict[str, dict[str, str]] = {uid: dict(v) for uid, v in (extra or {}).items()}
+    for i in implicit:
+        labels.setdefault(i.pod_uid, {})[IMPLICIT_LABEL] = i.pod_uid
+    return tuple(replace(p, labels={**p.labels, **labels[p.uid]}) if p.uid in labels else p for p in pods)
 
 
 def limits_annotation(implicit: ImplicitBudget) -> str:

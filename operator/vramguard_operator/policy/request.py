@@ -20,7 +20,8 @@ HAMI_GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"  # percent of the device
 ALIYUN_GPU_MEM = "aliyun.com/gpu-mem"  # GiB (default unit of gpushare-device-plugin)
 ALIYUN_GPU_COUNT = "aliyun.com/gpu-count"  # node resource: number of shared GPUs
 KAI_GPU_MEMORY = "gpu-memory"  # pod annotation, MiB per device
-KAI_GPU_FRACTION = "gpu-fraction"  # pod annotation, fraction of one device in (0, 1]
+KAI_GPU_FRACTION = "gpu-fraction"  # pod annotation, fraction of one device in (0, 1)
+KAI_GPU_FRACTION_DEVICES = "gpu-fraction-num-devices"  # pod annotation, devices of that fraction
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,16 +101,14 @@ class PodGPURequest:
                 uses = True
             if uses:
                 gpu_containers.append(c.get("name") or "")
-        ann = meta.get("annotations") or {}
-        kai_mem = _number(ann.get(KAI_GPU_MEMORY), f"{where}: annotation {KAI_GPU_MEMORY}", problems)
-        kai_frac = _fraction(ann.get(KAI_GPU_FRACTION), f"{where}: annotation {KAI_GPU_FRACTION}", problems)
+        kai_mem, kai_frac = _kai(meta.get("annotations") or {}, where, problems)
         return cls(
             gpus=gpus,
             mig=mig,
             hami_gpumem_mib=max(gpumem) if gpumem else None,
             hami_percentage=max(percent) if percent else None,
             aliyun_gpu_mem=aliyun or None,
-            kai_memory_mib=int(kai_mem) if kai_mem else None,
+            kai_memory_mib=kai_mem,
             kai_fraction=kai_frac,
             gpu_containers=tuple(gpu_containers),
             problems=tuple(problems),
@@ -131,6 +130,24 @@ def _number(raw: Any, where: str, problems: list[str]) -> Decimal | None:
         return None
 
 
+def _kai(ann: Mapping[str, str], where: str, problems: list[str]) -> tuple[int | None, float | None]:
+    """KAI's ``gpu-memory`` (a whole number of MiB above 0), ``gpu-fraction`` (in
+    (0, 1)) and ``gpu-fraction-num-devices`` (a whole number above 0), checked as
+    KAI's binder checks them (github.com/NVIDIA/KAI-Scheduler,
+    pkg/binder/plugins/gpusharing/gpu-request/gpu_request_validator.go); a
+    value KAI would reject is a problem and is not used."""
+    mem_raw, frac_raw, count_raw = (ann.get(k) for k in (KAI_GPU_MEMORY, KAI_GPU_FRACTION, KAI_GPU_FRACTION_DEVICES))
+    mem = None
+    if mem_raw is not None:
+        if str(mem_raw).isdigit() and int(mem_raw) > 0:
+            mem = int(mem_raw)
+        else:
+            problems.append(f"{where}: annotation {KAI_GPU_MEMORY}={mem_raw!r} is not a whole number of MiB above 0")
+    if count_raw is not None and not (str(count_raw).isdigit() and int(count_raw) > 0):
+        problems.append(f"{where}: annotation {KAI_GPU_FRACTION_DEVICES}={count_raw!r} is not a whole number above 0")
+    return mem, _fraction(frac_raw, f"{where}: annotation {KAI_GPU_FRACTION}", problems)
+
+
 def _fraction(raw: Any, where: str, problems: list[str]) -> float | None:
     if raw is None:
         return None
@@ -138,7 +155,7 @@ def _fraction(raw: Any, where: str, problems: list[str]) -> float | None:
         value = float(raw)
     except (TypeError, ValueError):
         value = -1.0
-    if not 0 < value <= 1:
-        problems.append(f"{where}: {raw!r} is not a fraction in (0, 1]")
+    if not 0 < value < 1:
+        problems.append(f"{where}={raw!r} is not a fraction in (0, 1)")
         return None
     return value

@@ -1,8 +1,11 @@
-"""Per-device shares from what the node says, and budgets other GPU-sharing
-systems already declare on a pod.
+"""The limit on each of a pod's devices: what another system granted it
+(declared in its resources or KAI's annotations, or recorded as a grant:
+``grants.py``), else its policies' defaults and the node's share, lowered by
+the policies' ceilings; and the limits on the devices a grant names.
 
 Sources of each limit (the ``source`` strings that status, annotations and
-``vramguard top`` show; units and spellings in docs/policy.md):
+``vramguard top`` show; units, spellings and precedence in docs/policy.md and
+docs/allocations.md):
 
 ===============================  ==============================================
 ``node/time-slicing:<N>``        usable memory / N (``nvidia.com/gpu.replicas``,
@@ -18,6 +21,9 @@ Sources of each limit (the ``source`` strings that status, annotations and
                                  node advertises memory in MiB)
 ``kai/gpu-memory``               KAI scheduler annotation: MiB per device
 ``kai/gpu-fraction``             KAI scheduler annotation: fraction of a device
+``dra/<claim>``, ``hami/...``,   grants on named devices (``dra.py``,
+``nvfractions/...``,             ``sharers.py``)
+``koordinator/...``
 ``policy/<name>``                a GPUMemoryPolicy default
 ``policy/<name>/ceiling``        a GPUMemoryPolicy ceiling that lowered the limit
 ===============================  ==============================================
@@ -34,11 +40,11 @@ Everything here is pure: nodes and pods are JSON-like dicts, reports are
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from decimal import InvalidOperation
 from typing import Any
 
 from vramguard_api.units import format_bytes, quantity_decimal
+from vramguard_operator.policy.grants import EffectiveLimit, Grants, strictest
 from vramguard_operator.policy.merge import MergedPolicy, Sourced
 from vramguard_operator.policy.node import MIG_NAME_GB, GiB, MiB, NodeFacts
 from vramguard_operator.policy.request import (
@@ -52,58 +58,51 @@ from vramguard_operator.policy.request import (
     container_resources,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class EffectiveLimit:
-    """A limit in bytes, where it came from (``source``, see the module table)
-    and a short human explanation of the arithmetic (``detail``)."""
-
-    bytes: int
-    source: str
-    detail: str = ""
-
-    def describe(self) -> str:
-        """``19.8Gi from node/time-slicing:4 (79.2Gi usable / 4)``."""
-        extra = f" ({self.detail})" if self.detail else ""
-        return f"{format_bytes(self.bytes)} from {self.source}{extra}"
-
-
 # --- limits -------------------------------------------------------------------------
 
 
 def declared_limit(req: PodGPURequest, node: NodeFacts | None) -> EffectiveLimit | None:
-    """The per-device limit another GPU-sharing system declares for the pod, or
-    None. Order when a pod declares several: HAMi gpumem, HAMi percentage,
-    Aliyun, KAI gpu-memory, KAI gpu-fraction. A percentage or fraction needs
-    the device's total memory (from the node); without it, it is skipped."""
-    total = node.device_total() if node else None
+    """The per-device limit another GPU-sharing system declares for the pod in
+    its resources or KAI's annotations, or None. Order when a pod declares
+    several: HAMi gpumem, HAMi percentage, Aliyun, KAI gpu-memory, KAI
+    gpu-fraction. A percentage or fraction needs the device's total memory
+    (from the node); without it, it is skipped."""
+    return _hami_limit(req, node) or _aliyun_limit(req, node) or kai_limit(req, node)
+
+
+def _hami_limit(req: PodGPURequest, node: NodeFacts | None) -> EffectiveLimit | None:
+    """HAMi's ``nvidia.com/gpumem`` (MiB per vGPU), else ``gpumem-percentage`` of
+    the device's total (HAMi ignores the percentage when both are set)."""
     if req.hami_gpumem_mib is not None:
         return EffectiveLimit(
             req.hami_gpumem_mib * MiB, f"hami/{HAMI_GPUMEM}", f"{req.hami_gpumem_mib} MiB per vGPU"
         )
+    total = node.device_total() if node else None
     if req.hami_percentage is not None and total is not None:
         pct = min(100, req.hami_percentage)
-        return EffectiveLimit(
-            total * pct // 100,
-            f"hami/{HAMI_GPUMEM_PERCENTAGE}",
-            f"{pct}% of {format_bytes(total)}",
-        )
-    if req.aliyun_gpu_mem is not None:
-        unit, unit_name = _aliyun_unit(node)
-        return EffectiveLimit(
-            int(req.aliyun_gpu_mem * unit),
-            f"aliyun/{ALIYUN_GPU_MEM}",
-            f"{req.aliyun_gpu_mem} {unit_name} per pod",
-        )
+        return EffectiveLimit(total * pct // 100, f"hami/{HAMI_GPUMEM_PERCENTAGE}", f"{pct}% of {format_bytes(total)}")
+    return None
+
+
+def _aliyun_limit(req: PodGPURequest, node: NodeFacts | None) -> EffectiveLimit | None:
+    if req.aliyun_gpu_mem is None:
+        return None
+    unit, unit_name = _aliyun_unit(node)
+    return EffectiveLimit(
+        int(req.aliyun_gpu_mem * unit), f"aliyun/{ALIYUN_GPU_MEM}", f"{req.aliyun_gpu_mem} {unit_name} per pod"
+    )
+
+
+def kai_limit(req: PodGPURequest, node: NodeFacts | None) -> EffectiveLimit | None:
+    """KAI's per-device grant: ``gpu-memory`` MiB, else ``gpu-fraction`` of the
+    device's total memory (KAI's arithmetic); None without either, or for a
+    fraction without the device's size."""
     if req.kai_memory_mib is not None:
-        return EffectiveLimit(
-            req.kai_memory_mib * MiB, f"kai/{KAI_GPU_MEMORY}", f"{req.kai_memory_mib} MiB per device"
-        )
+        return EffectiveLimit(req.kai_memory_mib * MiB, f"kai/{KAI_GPU_MEMORY}", f"{req.kai_memory_mib} MiB per device")
+    total = node.device_total() if node else None
     if req.kai_fraction is not None and total is not None:
         return EffectiveLimit(
-            int(total * req.kai_fraction),
-            f"kai/{KAI_GPU_FRACTION}",
-            f"{req.kai_fraction:g} of {format_bytes(total)}",
+            int(total * req.kai_fraction), f"kai/{KAI_GPU_FRACTION}", f"{req.kai_fraction:g} of {format_bytes(total)}"
         )
     return None
 
@@ -181,35 +180,54 @@ def _explicit_default(merged: MergedPolicy, usable: int | None) -> EffectiveLimi
         candidates.append(
             EffectiveLimit(int(usable * f.value), f.source, f"default perDevice.fraction {f.value:g}")
         )
-    return min(candidates, key=lambda c: c.bytes, default=None)
+    return strictest(*candidates)
 
 
 def per_device_limit(
-    req: PodGPURequest, node: NodeFacts | None, merged: MergedPolicy
+    req: PodGPURequest, node: NodeFacts | None, merged: MergedPolicy, grants: Grants | None = None
 ) -> EffectiveLimit | None:
-    """The per-device VRAM limit of a GPU pod that no GPUMemoryBudget selects.
+    """The limit on each of a GPU pod's devices (per-UUID grants aside: ``device_limits``).
 
-    Precedence: a budget another GPU-sharing system declares (``declared_limit``)
-    is the pod's grant and is used as it is; otherwise the smallest of the
-    policy's explicit ``perDevice`` default and, where a policy asks for it
-    (``shareFromNode``), the node's share (the MIG profile's memory for a MIG
-    pod, else ``node_share``). Then the policy's ``perDevice`` ceiling lowers
-    the result if it is smaller. None when nothing sets a limit.
+    Precedence: what another system granted the pod (``declared_limit`` and the
+    ``each`` part of its ``grants``, the strictest of them) is the pod's share
+    and is used as it is; a pod with only per-UUID grants gets no limit on its
+    other devices from here. Otherwise the smallest of the policy's explicit
+    ``perDevice`` default and, where a policy asks for it (``shareFromNode``),
+    the node's share (the MIG profile's memory for a MIG pod, else
+    ``node_share``). Then the policy's ``perDevice`` ceiling lowers the result
+    if it is smaller. None when nothing sets a limit.
     """
-    usable = None
-    if node is not None:
-        found = node.device_usable()
-        usable = found[0] if found else None
-    limit = declared_limit(req, node)
-    if limit is None:
+    granted = grants or Grants()
+    usable = _usable(node)
+    limit = strictest(declared_limit(req, node), granted.each_device())
+    if limit is None and not granted.by_device():
         candidates = [_explicit_default(merged, usable)]
         if merged.share_from_node is not None:
-            share = mig_limit(req, node) or (node_share(node) if node is not None else None)
-            candidates.append(share)
-        limit = min((c for c in candidates if c is not None), key=lambda c: c.bytes, default=None)
+            candidates.append(mig_limit(req, node) or (node_share(node) if node is not None else None))
+        limit = strictest(*candidates)
     if limit is None:
         return None
     return clamp(limit, device_ceiling(merged, usable))
+
+
+def device_limits(
+    each: EffectiveLimit | None, node: NodeFacts | None, merged: MergedPolicy, grants: Grants
+) -> dict[str, EffectiveLimit]:
+    """The limit on each device UUID a grant names: the strictest grant there,
+    lowered by the pod's limit on each device (``each``: ``per_device_limit``)
+    and by the policy's ``perDevice`` ceiling on that device (a fraction
+    ceiling of the device's usable memory as its node reports it)."""
+    reported = {d.uuid: d.memory.usable_bytes for d in (node.devices if node else ()) if d.memory}
+    out = {}
+    for uuid, granted in sorted(grants.by_device().items()):
+        limit = granted if each is None or granted.bytes <= each.bytes else each
+        out[uuid] = clamp(limit, device_ceiling(merged, reported.get(uuid, _usable(node))))
+    return out
+
+
+def _usable(node: NodeFacts | None) -> int | None:
+    found = node.device_usable() if node is not None else None
+    return found[0] if found else None
 
 
 def device_ceiling(merged: MergedPolicy, usable: int | None) -> EffectiveLimit | None:

@@ -113,6 +113,8 @@ def test_nvfractions_malformed_drops_the_whole_grant(key: str, value: str) -> No
         (f";{A},NVIDIA,1024,0:;;", {A: 1024 * MI}),
         # a dynamic-MIG slice names its parent GPU: no limit from it
         (f"{A}[1g.10gb-0],NVIDIA,9856,0:;", {}),
+        # 0 MiB books no memory: no limit
+        (f"{A},NVIDIA,0,100:;", {}),
         ("", {}),
     ],
 )
@@ -167,6 +169,14 @@ def koord(*gpus: dict[str, Any]) -> str:
         ),
         # no GPU in the allocation
         (json.dumps({"rdma": [{"minor": 0, "resources": {}}]}), None),
+        # a GPU with no memory booked beside one with some: no limit on each device
+        (
+            koord(
+                {"minor": 0, "resources": {"koordinator.sh/gpu-memory": "0"}},
+                {"minor": 1, "resources": {"koordinator.sh/gpu-memory": "12Gi"}},
+            ),
+            None,
+        ),
     ],
 )
 def test_koordinator(value: str, each_: int | None) -> None:

@@ -33,6 +33,14 @@ from vramguard_operator.controller import (
     indexes,
     policy_handlers,  # noqa: F401  (registers the policy handlers)
 )
+from vramguard_operator.controller.allocation_entries import (
+    CLAIMS,
+    DRA_GROUP,
+    DRA_VERSION,
+    SLICES,
+    claim_entry,
+    slice_entry,
+)
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
@@ -108,6 +116,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **k
             kwargs["budget_index"], kwargs["pod_index"], kwargs["report_index"],
             kwargs["policy_index"], kwargs["namespace_index"],
             gpu_pods=kwargs.get("gpu_pod_index"), gpu_nodes=kwargs.get("gpu_node_index"),
+            claims=kwargs.get("claim_index"), slices=kwargs.get("slice_index"),
         )
 
     memo["reconciler"] = reconciler
@@ -169,6 +178,18 @@ async def namespace_index(body: kopf.Body, name: str, **_: Any) -> dict[str, Any
     return {name: indexes.namespace_entry(body)}
 
 
+@kopf.index(DRA_GROUP, DRA_VERSION, CLAIMS)
+async def claim_index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[tuple[str, str], Any]:
+    """ResourceClaims by (namespace, name), trimmed (``allocation_entries``)."""
+    return {(namespace or "", name): claim_entry(body)}
+
+
+@kopf.index(DRA_GROUP, DRA_VERSION, SLICES)
+async def slice_index(body: kopf.Body, name: str, **_: Any) -> dict[str, Any]:
+    """ResourceSlices by name, trimmed (``allocation_entries``)."""
+    return {name: slice_entry(body)}
+
+
 # --- events: wake the loop --------------------------------------------------------------
 # kopf calls these only once every index holds the initial listing of every
 # watched resource, so the first call of any of them means the view is complete.
@@ -208,4 +229,16 @@ async def policy_event(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event("namespaces")
 async def namespace_event(memo: kopf.Memo, **_: Any) -> None:
     """A namespace changed (labels select policies): re-evaluate."""
+    _wake(memo)
+
+
+@kopf.on.event(DRA_GROUP, DRA_VERSION, CLAIMS)
+async def claim_event(memo: kopf.Memo, **_: Any) -> None:
+    """A ResourceClaim changed (allocated, shared, released): re-evaluate."""
+    _wake(memo)
+
+
+@kopf.on.event(DRA_GROUP, DRA_VERSION, SLICES)
+async def slice_event(memo: kopf.Memo, **_: Any) -> None:
+    """A ResourceSlice changed (a device published or withdrawn): re-evaluate."""
     _wake(memo)

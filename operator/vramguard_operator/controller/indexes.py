@@ -179,6 +179,9 @@ class Snapshot:
     # GPU pods by namespace and GPU nodes by name, trimmed (policy_handlers' indexes)
     gpu_pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     gpu_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # ResourceClaims by (namespace, name) and ResourceSlices, trimmed (allocation_entries)
+    claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    slices: list[dict[str, Any]] = field(default_factory=list)
 
     def valid_reports(self) -> dict[str, NodeGPUUsage]:
         """Reports that parse, by node."""
@@ -212,6 +215,8 @@ def snapshot_of(
     namespaces: Mapping[Any, Iterable[Any]],
     gpu_pods: Mapping[Any, Iterable[Any]] | None = None,
     gpu_nodes: Mapping[Any, Iterable[Any]] | None = None,
+    claims: Mapping[Any, Iterable[Any]] | None = None,
+    slices: Mapping[Any, Iterable[Any]] | None = None,
 ) -> Snapshot:
     """Copy kopf indexes (key -> store of entries) into a ``Snapshot``.
 
@@ -237,6 +242,11 @@ def snapshot_of(
     for name, store in (gpu_nodes or {}).items():
         for entry in store:
             snap.gpu_nodes[name] = entry
+    for key, store in (claims or {}).items():
+        for entry in store:
+            snap.claims[key] = entry
+    for store in (slices or {}).values():
+        snap.slices.extend(store)
     return snap
 
 

@@ -21,7 +21,9 @@ from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.engine import budget_status as bs
 from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, PodFacts
 from vramguard_operator.policy import plan as policy_plan
+from vramguard_operator.policy.dra import DRAConfig
 from vramguard_operator.policy.merge import MergedPolicy, merge
+from vramguard_operator.policy.sharers import KAI_RESERVATION_NAMESPACE
 from vramguard_operator.policy.shares import NodeFacts
 
 log = logging.getLogger("vramguard.reconcile")
@@ -116,6 +118,7 @@ class _Common:
     merged: Mapping[str, MergedPolicy]
     nodes: Mapping[str, NodeFacts]
     previous: Mapping[str, GPUMemoryBudgetStatus] | None
+    allocations: policy_plan.Allocations
 
 
 def _group(snap: Snapshot, policy: EffectivePolicy, namespaces: list[str], common: _Common) -> Group:
@@ -131,7 +134,9 @@ def _group(snap: Snapshot, policy: EffectivePolicy, namespaces: list[str], commo
             current[(ns, e.value.name)] = e.value.status_api()
         pods.extend(p.value for p in snap.pods.get(ns, ()))
     gpu_pods = [p for ns in namespaces for p in snap.gpu_pods.get(ns, ())]
-    view = policy_plan.prepare(budgets, pods, gpu_pods, common.nodes, common.merged, common.previous)
+    view = policy_plan.prepare(
+        budgets, pods, gpu_pods, common.nodes, common.merged, common.previous, common.allocations
+    )
     for problem in view.problems:
         log.warning("%s", problem)
     inp = EngineInput(
@@ -141,14 +146,20 @@ def _group(snap: Snapshot, policy: EffectivePolicy, namespaces: list[str], commo
         now=common.now,
         policy=policy,
         config=common.config,
+        device_limits=view.device_limits,
     )
     return Group(policy, namespaces, inp, current, view)
 
 
 def plan(
-    snap: Snapshot, now: datetime, config: EngineConfig, memory: policy_plan.PolicyMemory | None = None
+    snap: Snapshot,
+    now: datetime,
+    config: EngineConfig,
+    memory: policy_plan.PolicyMemory | None = None,
+    dra: DRAConfig | None = None,
 ) -> Plan:
-    """Build the engine inputs of one evaluation from a snapshot."""
+    """Build the engine inputs of one evaluation from a snapshot (``dra``: how
+    ResourceSlices name a GPU's UUID and memory; default NVIDIA's)."""
     scope = scope_of(snap)
     broken = snap.invalid_policies()
     merged = policy_plan.merged_policies(
@@ -163,7 +174,13 @@ def plan(
         if ns not in held:
             by_policy.setdefault(pols[ns].effective, []).append(ns)
     previous = memory.implicit_status if memory is not None else None
-    common = _Common(now, config, merged, nodes, previous)
+    allocations = policy_plan.Allocations(
+        claims=snap.claims,
+        slices=snap.slices,
+        kai_reservations=snap.gpu_pods.get(KAI_RESERVATION_NAMESPACE, []),
+        dra=dra or DRAConfig(),
+    )
+    common = _Common(now, config, merged, nodes, previous, allocations)
     groups = [_group(snap, policy, namespaces, common) for policy, namespaces in by_policy.items()]
     return Plan(groups, invalid, pols)
 

@@ -35,12 +35,12 @@ from vramguard_api.policy import GPUMemoryPolicy, GPUMemoryPolicyStatus
 from vramguard_operator.controller.index_views import namespaces_of
 from vramguard_operator.controller.kubeapi import MERGE_PATCH, merge_patch, plain
 from vramguard_operator.engine.budget_status import ConditionSpec, settle_conditions
+from vramguard_operator.policy.implicit import ANNOTATION_LIMITS
 from vramguard_operator.policy.merge import HELD, policy_status
-from vramguard_operator.policy.shares import KAI_GPU_FRACTION, KAI_GPU_MEMORY, PodGPURequest
+from vramguard_operator.policy.sharers import grant_annotations, may_use_gpu
 
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "aliyun.com/")
 POLICY_STATUS_INTERVAL = 5.0  # seconds; a policy's namespaces change rarely
-_KEPT_ANNOTATIONS = (KAI_GPU_MEMORY, KAI_GPU_FRACTION, "vramguard.io/limits")
 
 log = logging.getLogger("vramguard.policy")
 
@@ -67,30 +67,39 @@ def node_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A GPU pod trimmed to what shares read (None for other pods): metadata
-    (name, namespace, uid, labels, the KAI and ``vramguard.io/limits``
-    annotations), ``spec.nodeName``, containers' names and resources, phase."""
-    if not PodGPURequest.from_api(body).is_gpu_pod:
+    """A pod that may use a GPU (``sharers.may_use_gpu``), trimmed to what shares
+    and grants read (None for other pods): metadata (name, namespace, uid,
+    labels, the annotations grants are read from and ``vramguard.io/limits``),
+    ``spec.nodeName``, ``spec.resourceClaims``, containers' names and resources,
+    phase and the claims' names in its status."""
+    if not may_use_gpu(body):
         return None
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k in _KEPT_ANNOTATIONS}
+    status = body.get("status") or {}
+    annotations = dict(meta.get("annotations") or {})
+    kept = {**grant_annotations(annotations), **{k: v for k, v in annotations.items() if k == ANNOTATION_LIMITS}}
     return {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "uid": meta.get("uid"),
             "labels": dict(meta.get("labels") or {}),
-            "annotations": annotations,
+            "annotations": kept,
         },
         "spec": {
             "nodeName": spec.get("nodeName"),
+            "resourceClaims": plain(spec.get("resourceClaims") or []),
             "containers": [
                 {"name": c.get("name"), "resources": plain(c.get("resources") or {})}
                 for c in spec.get("containers") or ()
             ],
         },
-        "status": {"phase": (body.get("status") or {}).get("phase")},
+        "status": {
+            "phase": status.get("phase"),
+            "resourceClaimStatuses": plain(status.get("resourceClaimStatuses") or []),
+            "extendedResourceClaimStatus": plain(status.get("extendedResourceClaimStatus")),
+        },
     }
 
 

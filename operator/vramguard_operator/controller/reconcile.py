@@ -31,12 +31,19 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyResult
+from vramguard_operator.controller.events import pod_object
 from vramguard_operator.controller.indexes import Overlay, Snapshot
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.controller.planning import Group, Plan, invalid_status, note_resize_errors, plan
 from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.engine.evaluate import evaluate
-from vramguard_operator.engine.types import ANNOTATION_ORIGINAL_CPU, BudgetRef, BudgetStatusUpdate, EngineOutput
+from vramguard_operator.engine.types import (
+    ANNOTATION_ORIGINAL_CPU,
+    BudgetRef,
+    BudgetStatusUpdate,
+    EngineOutput,
+    EventSpec,
+)
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.merge import selector_problems
 
@@ -114,7 +121,7 @@ class Reconciler:
         live = {p.value.uid for pods in snap.pods.values() for p in pods}
         self._forget(snap, live)  # before acting: errors of this evaluation stay till the next
         self._log_policy_problems(snap)
-        work = plan(snap, now, self.config.engine(), self.policy_memory)
+        work = plan(snap, now, self.config.engine(), self.policy_memory, self.config.dra)
         limiter = self.applier.limiter
         limiter.configure({n: p.spec.eviction_rate_limit for n, p in snap.valid_policies().items()})
         for group in work.groups:
@@ -190,6 +197,16 @@ class Reconciler:
         for body in result.budgets.values():
             self.overlay.record_budget(body)
         self._write_limits(group)
+        self._report_grant_problems(group)
+
+    def _report_grant_problems(self, group: Group) -> None:
+        """A Warning Event on the pod for each problem with its grants (a malformed
+        annotation or claim, an allocated device that vanished), once; none in
+        exempt namespaces. Events are allowed in DryRun."""
+        for ref, problem in self.policy_memory.pending_problems(group.view):
+            if ref.namespace not in group.policy.exempt_namespaces:
+                self.applier.recorder.post(pod_object(ref), EventSpec("Warning", problem.reason, problem.message))
+            self.policy_memory.reported_problem(ref, problem)
 
     def _write_limits(self, group: Group) -> None:
         """Write the ``vramguard.io/limits`` annotations of GPU pods no budget

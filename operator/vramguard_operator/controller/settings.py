@@ -22,6 +22,7 @@ import click
 from vramguard_api.cliargs import Duration, Environment, WholeNumber, env_option
 from vramguard_api.policy import EvictionRateLimit
 from vramguard_operator.engine.types import EngineConfig
+from vramguard_operator.policy.dra import DEFAULT_MEMORY_CAPACITY, DEFAULT_UUID_ATTRIBUTE, DRAConfig
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_WEBHOOK_TLS_DIR = "/tmp/vramguard-webhook-tls"
@@ -51,6 +52,8 @@ class OperatorConfig:
     PodDisruptionBudget refused an eviction. ``default_rate_limit``: eviction
     rate limit where no GPUMemoryPolicy selects the namespace.
     ``request_timeout``: timeout of each API call made by the actions.
+    ``dra``: which ResourceSlice device attribute is a GPU's UUID and which
+    capacity its memory (docs/allocations.md).
     """
 
     evaluation_period: float = 5.0
@@ -59,6 +62,7 @@ class OperatorConfig:
     eviction_retry: float = 30.0
     default_rate_limit: EvictionRateLimit = field(default_factory=EvictionRateLimit)
     request_timeout: float = 10.0
+    dra: DRAConfig = field(default_factory=DRAConfig)
 
     def engine(self) -> EngineConfig:
         """The engine's settings."""
@@ -160,6 +164,12 @@ def parameters() -> list[click.Parameter]:
         env("--eviction-burst", "VRAMGUARD_EVICTION_BURST", "2", type=WholeNumber(1),
             help="eviction burst where no GPUMemoryPolicy selects the namespace "
             "(env VRAMGUARD_EVICTION_BURST; default 2)"),
+        env("--dra-uuid-attribute", "VRAMGUARD_DRA_UUID_ATTRIBUTE", DEFAULT_UUID_ATTRIBUTE,
+            help="ResourceSlice device attribute holding a GPU's UUID (env VRAMGUARD_DRA_UUID_ATTRIBUTE; "
+            f"default {DEFAULT_UUID_ATTRIBUTE}, as NVIDIA's and HAMi's DRA drivers publish it)"),
+        env("--dra-memory-capacity", "VRAMGUARD_DRA_MEMORY_CAPACITY", DEFAULT_MEMORY_CAPACITY,
+            help="ResourceSlice device capacity that is a GPU's memory (env VRAMGUARD_DRA_MEMORY_CAPACITY; "
+            f"default {DEFAULT_MEMORY_CAPACITY})"),
         *_webhook_parameters(),
         click.Option(["-v", "--verbose"], is_flag=True, help="log at DEBUG level"),
         click.Option(["-d", "--debug"], is_flag=True, help="DEBUG, with asyncio's logs"),
@@ -207,6 +217,7 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
             perMinute=params["eviction_rate_per_minute"], burst=params["eviction_burst"]
         ),
         request_timeout=params["request_timeout"],
+        dra=DRAConfig(params["dra_uuid_attribute"], params["dra_memory_capacity"]),
     )
     webhook = None
     if params["webhook_port"] is not None:

@@ -39,7 +39,12 @@ from vramguard_operator.policy.grants import (
     combine,
 )
 from vramguard_operator.policy.node import MiB, NodeFacts
-from vramguard_operator.policy.request import PodGPURequest
+from vramguard_operator.policy.request import (
+    KAI_GPU_FRACTION,
+    KAI_GPU_FRACTION_DEVICES,
+    KAI_GPU_MEMORY,
+    PodGPURequest,
+)
 from vramguard_operator.policy.shares import kai_limit
 
 # NVIDIA GPU fractioning (KAI's "NvFractions" mode, enforced by MPS through the
@@ -277,3 +282,22 @@ def declares_grant(annotations: Mapping[str, str]) -> bool:
     """Whether a pod carries a sharer's allocation annotation (such a pod uses a
     GPU even when it requests no GPU resource: NVIDIA's fractions, Koordinator)."""
     return any(k in (HAMI_ALLOCATED, KOORD_ALLOCATED) or _NVFRACTIONS_KEY.match(k) for k in annotations)
+
+
+def grant_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The pod annotations grants are read from: KAI's, the sharers' allocation
+    records, NVIDIA's fractions, and a KAI reservation pod's device UUID."""
+    keep = {KAI_GPU_MEMORY, KAI_GPU_FRACTION, KAI_GPU_FRACTION_DEVICES, HAMI_ALLOCATED, KOORD_ALLOCATED, KAI_RESERVED_UUID}
+    return {k: v for k, v in annotations.items() if k in keep or k.startswith(NVFRACTIONS_PREFIX)}
+
+
+def may_use_gpu(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod may use a GPU: through GPU resources or KAI's annotations
+    (``PodGPURequest.is_gpu_pod``), a sharer's allocation annotation, or a
+    ResourceClaim (whose devices then decide: ``dra.claim_grants``)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    return bool(
+        spec.get("resourceClaims")
+        or declares_grant(meta.get("annotations") or {})
+        or PodGPURequest.from_api(pod).is_gpu_pod
+    )

@@ -111,9 +111,33 @@ def test_gpu_pod_entry_trims() -> None:
     entry = gpu_pod_entry(p)
     assert entry is not None
     assert entry["metadata"]["annotations"] == {"gpu-fraction": "0.5", ANNOTATION_LIMITS: "{}"}
-    assert entry["spec"] == {"nodeName": "n", "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    assert entry["spec"] == {
+        "nodeName": "n",
+        "resourceClaims": [],
+        "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+    }
     assert gpu_pod_entry(pod("c", resources={"cpu": "1"})) is None
     assert gpu_pod_entry(pod("k", annotations={"gpu-memory": "2000"})) is not None  # KAI, no resources
+
+
+def test_gpu_pod_entry_keeps_what_grants_read() -> None:
+    from .dra_builders import claim_pod
+
+    # a pod with claims only: indexed, with its claims' names
+    entry = gpu_pod_entry(claim_pod("d", ["direct"], templates={"gpu": "d-gpu-x7k"}))
+    assert entry is not None
+    assert [c["name"] for c in entry["spec"]["resourceClaims"]] == ["c0", "gpu"]
+    assert entry["status"]["resourceClaimStatuses"] == [{"name": "gpu", "resourceClaimName": "d-gpu-x7k"}]
+    # a fractional pod without GPU resources, and a KAI reservation pod's UUID
+    ann = {
+        "nvidia.com/container.t.gpu-memory.limit": "4Gi",
+        "nvidia.com/container.t.gpus.devices": "GPU-x",
+        "hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1,0:;",
+        "run.ai/reserve_for_gpu_index": "GPU-x",
+        "unrelated": "y",
+    }
+    entry = gpu_pod_entry(pod("f", annotations=ann))
+    assert entry is not None and entry["metadata"]["annotations"] == {k: v for k, v in ann.items() if k != "unrelated"}
 
 
 def test_status_patch() -> None:

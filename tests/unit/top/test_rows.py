@@ -138,6 +138,24 @@ def test_implicit_limits_come_from_the_pod_annotation():
     assert row.state == "warning"  # 96% of the share, above the default threshold 85%
 
 
+def test_device_limits_from_grants_compare_with_their_own_device():
+    """A DRA claim's limit on one device (``perDevice[<uuid>]``) is compared with
+    that device's usage, not the busiest one; also beside a budget that selects
+    the pod (its ``allocation:`` budget)."""
+    ann = {"vramguard.io/limits": json.dumps({
+        f"perDevice[{GPU0}]": {"bytes": 20 * GI, "limit": "20Gi", "source": "dra/a-gpu-x7k", "detail": "x"},
+        f"perDevice[{GPU1}]": {"bytes": 40 * GI, "limit": "40Gi", "source": "dra/a-big", "detail": "x"}})}
+    snap = Snapshot(pods=[pod("a", labels={"app": "train"}, annotations=ann)],
+                    budgets=[budget("train", {"perPod": {"vram": "100Gi"}})],
+                    reports=[report([usage("a", 60 * GI, devices={GPU0: 25 * GI, GPU1: 35 * GI})])], now=NOW)
+    row = rows_of(snap)["a"]
+    by_source = {lim.source: lim for lim in row.limits}
+    assert (by_source["dra/a-gpu-x7k"].limit_bytes, by_source["dra/a-gpu-x7k"].used_bytes) == (20 * GI, 25 * GI)
+    assert (by_source["dra/a-big"].limit_bytes, by_source["dra/a-big"].used_bytes) == (40 * GI, 35 * GI)
+    assert by_source["gmb/train"].limit_bytes == 100 * GI
+    assert row.binding is not None and row.binding.source == "dra/a-gpu-x7k"  # 125%: the binding limit
+
+
 @pytest.mark.parametrize(
     ("annotations", "state"),
     [

@@ -152,26 +152,35 @@ def budget_limits(b: BudgetView, u: UsageView | None, totals: Totals) -> list[Li
 
 
 def implicit_limits(annotations: Mapping[str, str], u: UsageView | None) -> list[Limit]:
-    """The limits of a pod no budget selects, from its ``vramguard.io/limits``
-    annotation, compared with its usage ``u``."""
+    """The limits of a pod's implicit budget (no budget selects it, or something
+    booked its memory), from its ``vramguard.io/limits`` annotation, compared
+    with its usage ``u``; a limit on one device (``perDevice[<uuid>]``, from a
+    DRA claim or a sharer's grant) with that device's usage."""
     out: list[Limit] = []
     for path, entry in sorted(read_limits(annotations).items()):
-        if path not in LIMIT_NAMES or not isinstance(entry, Mapping):
+        uuid = path[len("perDevice[") : -1] if path.startswith("perDevice[") and path.endswith("]") else None
+        if (path not in LIMIT_NAMES and uuid is None) or not isinstance(entry, Mapping):
             continue
         try:
             value = int(entry["bytes"])
         except (KeyError, TypeError, ValueError):
             continue
         source = str(entry.get("source") or "policy")
-        used: int | None = None
-        if u is not None:
-            if path == "perDevice":
-                known = [d.used_bytes for d in u.pod.devices if d.used_bytes is not None]
-                used = max(known) if known else (0 if not u.pod.devices and u.pod.vram_bytes == 0 else None)
-            elif path == "perPod.vram":
-                used = u.pod.vram_bytes
-            else:
-                used = u.pod.ram_working_set_bytes
-        out.append(Limit(LIMIT_NAMES[path], value, used, source))
+        out.append(Limit(LIMIT_NAMES["perDevice" if uuid else path], value, _implicit_used(path, uuid, u), source))
     return out
+
+
+def _implicit_used(path: str, uuid: str | None, u: UsageView | None) -> int | None:
+    """The usage an implicit limit is compared with (None: unknown)."""
+    if u is None:
+        return None
+    if uuid is not None:
+        on = [d.used_bytes for d in u.pod.devices if d.uuid == uuid]
+        return on[0] if on else 0  # a device the pod does not use (yet) holds nothing of it
+    if path == "perDevice":
+        known = [d.used_bytes for d in u.pod.devices if d.used_bytes is not None]
+        return max(known) if known else (0 if not u.pod.devices and u.pod.vram_bytes == 0 else None)
+    if path == "perPod.vram":
+        return u.pod.vram_bytes
+    return u.pod.ram_working_set_bytes
 

@@ -142,8 +142,8 @@ def _row(
     limits: list[Limit] = []
     for b in mine:
         limits.extend(budget_limits(b, u, totals))
-    if not mine:
-        limits.extend(implicit_limits(meta.get("annotations") or {}, u))
+    # the implicit budget's (an allocation: budget beside the selecting ones)
+    limits.extend(implicit_limits(meta.get("annotations") or {}, u))
     threshold = min((b.threshold for b in mine), default=DEFAULT_WARNING_THRESHOLD)
     state, why = _state(pod, mine, limits, threshold)
     ratios = [lim.ratio for lim in limits if lim.ratio is not None]

@@ -150,3 +150,32 @@ def test_overlay_budget_status_is_used_while_newer():
     ov.record_budget(budget_body(rv="8", status={"matchedPods": 1}))
     snap = ov.apply(snapshot_of({"ml": [budget_entry(budget_body(rv="5"))]}, {}, {}, {}, {}))
     assert snap.budgets["ml"][0].value.status_api() == {"matchedPods": 1}
+
+
+def test_claim_and_slice_entries_keep_what_dra_reads() -> None:
+    from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
+    from vramguard_operator.policy.dra import claim_grants
+
+    from ..policy.dra_builders import claim, claim_pod, gpu, resource_slice, result
+
+    c = claim("c", [result("gpu-0", "n", "20Gi")], reserved_for=["a", "b"])
+    c["metadata"]["managedFields"] = [{"manager": "kube-scheduler"}]
+    c["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": []}
+    entry = claim_entry(c)
+    assert entry["metadata"] == {"name": "c", "namespace": "ml", "uid": "claim-uid-c"}
+    assert entry["status"]["allocation"] == {"devices": {"results": c["status"]["allocation"]["devices"]["results"]}}
+    assert [r["name"] for r in entry["status"]["reservedFor"]] == ["a", "b"]
+    assert claim_entry(claim("pending", None))["status"] == {}
+    s = resource_slice("n", [gpu("gpu-0", "GPU-a")])
+    s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"] = {"default": "80Gi"}
+    trimmed = slice_entry(s)
+    assert trimmed["spec"]["devices"][0]["capacity"] == {"memory": {"value": "80Gi"}}
+    # what policy.dra reads is the same from the entries as from the objects
+    pods = [claim_pod("a", ["c"]), claim_pod("b", ["c"])]
+    assert claim_grants(pods, {("ml", "c"): entry}, [trimmed]) == claim_grants(pods, {("ml", "c"): c}, [s])
+
+
+def test_snapshot_copies_claims_and_slices() -> None:
+    snap = snapshot_of({}, {}, {}, {}, {}, claims={("ml", "c"): [{"c": 1}]}, slices={"s1": [{"s": 1}], "s2": [{"s": 2}]})
+    assert snap.claims == {("ml", "c"): {"c": 1}}
+    assert sorted(x["s"] for x in snap.slices) == [1, 2]

@@ -160,3 +160,60 @@ def test_a_broken_policy_is_logged_once_and_holds_enforcement(stub, caplog):
     assert not requests(stub, "PATCH", r"/namespaces/ml/pods/free$")  # held: nothing written
     rec.evaluate_and_apply(gpu_pod_snapshot(team=policy("team", defaults={})))  # fixed
     assert requests(stub, "PATCH", r"/namespaces/ml/pods/free$")
+
+
+# --- what DRA claims booked ---------------------------------------------------------------
+
+
+def claim_snapshot(ns: str = "ml", consumed: str = "20Gi", device_name: str = "gpu-0", **policies: Any) -> Snapshot:
+    """A pod with one claim (``consumed`` on ``device_name``), the node's slice
+    (gpu-0 is GPU-a), its report (30Gi used on GPU-a), all through the index entries."""
+    from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
+
+    from ..policy.dra_builders import claim, claim_pod, gpu, resource_slice, result
+
+    snap = Snapshot()
+    raw = claim_pod("free", ["c"], ns=ns, node=NODE)
+    snap.pods[ns] = [Versioned("uid-free", "1", PodFacts.from_api(raw))]
+    entry = gpu_pod_entry(raw)
+    assert entry is not None
+    snap.gpu_pods[ns] = [entry]
+    snap.claims[(ns, "c")] = claim_entry(claim("c", [result(device_name, NODE, consumed)], ns=ns))
+    snap.slices = [slice_entry(resource_slice(NODE, [gpu("gpu-0", "GPU-a")]))]
+    usage = [{"uid": "uid-free", "namespace": ns, "name": "free", "vramBytes": 30 << 30,
+              "devices": [{"uuid": "GPU-a", "usedBytes": 30 << 30}]}]
+    snap.reports[NODE] = Versioned("r", "1", report(NODE, [device("GPU-a", 81559, 529)], usage))
+    for name, p in policies.items():
+        snap.policies[name] = Versioned(f"uid-{name}", "1", p)
+    return snap
+
+
+def events(stub: StubAPI, reason: str) -> list[Any]:
+    return [r for r in requests(stub, "POST", r"/namespaces/ml/events$") if r.body.get("reason") == reason]
+
+
+def test_a_claims_memory_is_the_pods_limit_on_its_device(stub):
+    rec, _ = reconciler(stub)
+    rec.evaluate_and_apply(claim_snapshot())
+    (patch,) = [r for r in requests(stub, "PATCH", r"/namespaces/ml/pods/free$")
+                if "vramguard.io/violation" in r.body["metadata"]["annotations"]]
+    assert "default:free" in patch.body["metadata"]["annotations"]["vramguard.io/violation"]
+    assert [e.body["involvedObject"]["name"] for e in events(stub, "LimitExceeded")] == ["free"]
+
+
+def test_a_vanished_device_is_one_warning_event_and_no_action(stub):
+    rec, _ = reconciler(stub)
+    snap = claim_snapshot(device_name="gpu-7")
+    rec.evaluate_and_apply(snap)
+    rec.evaluate_and_apply(claim_snapshot(device_name="gpu-7"))
+    (event,) = events(stub, "AllocatedDeviceMissing")
+    assert event.body["type"] == "Warning" and "gpu-7" in event.body["message"]
+    assert not requests(stub, "PATCH", r"/events/")  # reported once, not counted up on each evaluation
+    assert not events(stub, "LimitExceeded")
+    assert not requests(stub, "PATCH", r"/namespaces/ml/pods/free$")
+
+
+def test_no_problem_events_in_exempt_namespaces(stub):
+    rec, _ = reconciler(stub)
+    rec.evaluate_and_apply(claim_snapshot(device_name="gpu-7", team=policy("team", exemptNamespaces=["ml"])))
+    assert not events(stub, "AllocatedDeviceMissing")

@@ -8,7 +8,7 @@ from typing import Any
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.policy.shares import NodeFacts
+from vramguard_operator.policy.node import NodeFacts
 
 
 def values(index: Any, key: Any = None) -> list[Any]:

@@ -23,8 +23,8 @@ from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, Engin
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.dra import DRAConfig
 from vramguard_operator.policy.merge import MergedPolicy, merge
+from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.sharers import KAI_RESERVATION_NAMESPACE
-from vramguard_operator.policy.shares import NodeFacts
 
 log = logging.getLogger("vramguard.reconcile")
 

@@ -47,7 +47,8 @@ from vramguard_operator.controller.kubeapi import plain
 from vramguard_operator.controller.settings import WebhookConfig
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.mutation import admission_limit, mutate_pod
-from vramguard_operator.policy.shares import PodGPURequest, candidate_nodes
+from vramguard_operator.policy.request import PodGPURequest
+from vramguard_operator.policy.shares import candidate_nodes
 from vramguard_operator.policy.validation import check_budget, format_errors, throttled_jobs, validate_pod
 
 MANAGED_NAME = "vramguard.io"

@@ -40,10 +40,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramguard_api.units import format_bytes
+from vramguard_operator.policy.grants import EffectiveLimit
 from vramguard_operator.policy.merge import MergedPolicy
 from vramguard_operator.policy.node import MiB, NodeFacts
 from vramguard_operator.policy.request import RESOURCE_GPU, PodGPURequest
-from vramguard_operator.policy.shares import EffectiveLimit, per_device_limit
+from vramguard_operator.policy.shares import per_device_limit
 
 ANNOTATION_INJECTED = "vramguard.io/injected"
 CONTEXT_HEADROOM_BYTES = 512 * MiB

@@ -9,6 +9,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from vramguard_operator.policy.grants import EffectiveLimit
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.mutation import (
     ANNOTATION_INJECTED,
@@ -19,7 +20,6 @@ from vramguard_operator.policy.mutation import (
     xla_fraction,
 )
 from vramguard_operator.policy.request import PodGPURequest
-from vramguard_operator.policy.shares import EffectiveLimit
 
 from .builders import GI, MI, device, node, pod, policy
 

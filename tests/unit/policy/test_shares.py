@@ -6,11 +6,11 @@ from decimal import Decimal
 
 import pytest
 
+from vramguard_operator.policy.grants import EffectiveLimit
 from vramguard_operator.policy.merge import MergedPolicy, merge
 from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.request import PodGPURequest
 from vramguard_operator.policy.shares import (
-    EffectiveLimit,
     candidate_nodes,
     clamp,
     declared_limit,

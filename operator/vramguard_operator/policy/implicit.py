@@ -134,17 +134,20 @@ def implicit_budget(
     merged: MergedPolicy,
     grants: Grants | None = None,
     selected: bool = False,
+    claims_gpu: bool = False,
 ) -> ImplicitBudget | None:
     """The implicit budget of one pod (a JSON-like Pod dict), or None when the
     pod uses no GPU, its namespace is exempt, or nothing limits it. ``grants``:
     what DRA claims and sharers granted it; ``selected``: a real budget selects
-    it (then only what was granted counts: ``allocation:<pod>``)."""
+    it (then only what was granted counts: ``allocation:<pod>``);
+    ``claims_gpu``: it holds a GPU through a DRA claim (a GPU pod even when
+    the claim books no memory)."""
     meta = pod.get("metadata") or {}
     ns, name, uid = meta.get("namespace") or "", meta.get("name") or "", meta.get("uid") or ""
     if merged.exempt or not (ns and name and uid):
         return None
     req = PodGPURequest.from_api(pod)
-    if not (req.is_gpu_pod or grants):
+    if not (req.is_gpu_pod or grants or claims_gpu):
         return None
     limits = pod_limits(req, node, grants_only(merged) if selected else merged, grants)
     if not limits:
@@ -220,11 +223,13 @@ def build_implicit(
     nodes: Mapping[str, NodeFacts],
     merged: Mapping[str, MergedPolicy],
     grants: Mapping[str, Grants] | None = None,
+    claimed: Mapping[str, frozenset[str]] | None = None,
 ) -> list[ImplicitBudget]:
     """Implicit budgets for every scheduled, unfinished GPU pod that no budget
     selects, and ``allocation:`` budgets for the selected ones that were granted
     memory. ``merged``: the merged policy per namespace (a namespace missing
-    from it gets no defaults: ``MergedPolicy(namespace)``); ``grants``: by pod uid."""
+    from it gets no defaults: ``MergedPolicy(namespace)``); ``grants``: by pod
+    uid; ``claimed``: the GPU UUIDs each pod holds through DRA claims, by uid."""
     taken = selected_uids(pods, budgets)
     out = []
     for pod in pods:
@@ -234,7 +239,8 @@ def build_implicit(
             continue
         uid, ns = meta.get("uid") or "", meta.get("namespace") or ""
         node, policy = nodes.get(spec["nodeName"]), merged.get(ns, MergedPolicy(ns))
-        found = implicit_budget(pod, node, policy, (grants or {}).get(uid), selected=uid in taken)
+        held = bool((claimed or {}).get(uid))
+        found = implicit_budget(pod, node, policy, (grants or {}).get(uid), selected=uid in taken, claims_gpu=held)
         if found is not None:
             out.append(found)
     return out

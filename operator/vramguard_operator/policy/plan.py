@@ -141,7 +141,7 @@ def prepare(
         out.append(eff)
         sources[(ns, name)] = (limit_sources, mode_source(b, policy))
     grants, claimed = pod_grants(gpu_pods, nodes, allocations or Allocations())
-    implicit = build_implicit(gpu_pods, budgets, nodes, merged, grants)
+    implicit = build_implicit(gpu_pods, budgets, nodes, merged, grants, claimed.devices)
     live = {(p.get("metadata") or {}).get("uid") or "": p for p in gpu_pods if _scheduled(p)}
     claims = claim_budgets(claimed.shared, live, claimed.devices, merged)
     prev = previous or {}

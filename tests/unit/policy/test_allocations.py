@@ -224,3 +224,10 @@ def test_nvfractions_pod_without_gpu_resources_gets_a_budget() -> None:
     assert imp.budget.spec.limits.per_device is not None and imp.budget.spec.limits.per_device.bytes_for(None) == 4 * GI
     assert imp.sources == {"perDevice": "nvfractions/nvidia.com/container.main.gpu-memory.limit"}
     assert imp.device_limits == {}  # on each device, none named
+
+
+def test_a_whole_device_claim_makes_a_gpu_pod_that_policy_defaults_limit() -> None:
+    c = claim("whole", [result("gpu-0", N)])
+    (imp,) = view_of([claim_pod("a", ["whole"])], allocations(c), merge([policy("team", defaults={"perDevice": {"vram": "8Gi"}})], "ml", {})).implicit
+    assert imp.device_limits == {} and imp.sources == {"perDevice": "policy/team"}
+    assert view_of([claim_pod("a", ["whole"])], allocations(c)).implicit == ()  # no policy: nothing limits it

@@ -20,9 +20,11 @@ from typing import Any, Literal
 
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S, HistoryStore
 
+from .caps import CapEnforcer
 from .gpu import GPUBackend
 from .memory import DEFAULT_REFRESH_S, CgroupMemoryReader
 from .metrics import AgentMetrics, Health, Snapshot, serve
+from .nvml_limits import NVMLMemoryLimits
 from .pods import PodIndex, PodMeta, PodWatcher
 from .publish import Digest, PublishPolicy, decide, digest
 from .reporter import Reporter
@@ -53,6 +55,8 @@ class AgentConfig:
     kubeconfig: str | None = None
     sim_offset_s: float = 0.0
     sim_speed: float = 1.0
+    enforce_caps: bool = False
+    pod_uid: str | None = None
 
 
 @dataclass(slots=True)
@@ -99,6 +103,12 @@ def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False
     # A simulation keeps its history in scenario time (it may run faster than the clock).
     history_clock = getattr(backend, "now", None) if cfg.backend == "sim" else None
 
+    caps = CapEnforcer(
+        _memory_limits(backend),
+        enforce=cfg.enforce_caps,
+        pods_synced=index.synced.is_set if index is not None else (lambda: True),
+        own_pod_uid=cfg.pod_uid,
+    )
     sampler = Sampler(
         backend,
         proc_root=proc_root,
@@ -109,8 +119,17 @@ def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False
         sample_interval_s=cfg.sample_interval_s,
         cache_key=cache_key,
         history_clock=history_clock,
+        caps=caps,
     )
     return Components(sampler, backend, index, watcher, reporter, cleanup)
+
+
+def _memory_limits(backend: GPUBackend) -> NVMLMemoryLimits:
+    """Memory-limit calls over the NVML library the backend samples with (the fake's for sim)."""
+    from .nvml import NVMLBackend
+
+    nvml = backend if isinstance(backend, NVMLBackend) else backend.nvml  # type: ignore[attr-defined]
+    return NVMLMemoryLimits(nvml.library)
 
 
 def _backend(
@@ -158,6 +177,9 @@ class Agent:
         )
         self.last_written: Digest | None = None
         self.last_written_at: float | None = None
+        caps = parts.sampler.caps
+        if caps is not None:
+            caps.on_operation = lambda op, result: self.metrics.memory_limit_calls.labels(op, result).inc()
 
     def step(self) -> SampleResult | None:
         """One tick: sample, update metrics, publish when ``decide`` says so."""

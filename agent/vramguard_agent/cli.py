@@ -74,7 +74,7 @@ def cmd_run(**params: Any) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     log.info(
-        "agent starting: node=%s backend=%s interval=%ss heartbeat=%ss deadband=%sB/%s metrics=%s",
+        "agent starting: node=%s backend=%s interval=%ss heartbeat=%ss deadband=%sB/%s metrics=%s enforce-caps=%s",
         cfg.node_name,
         cfg.backend,
         cfg.sample_interval_s,
@@ -82,6 +82,7 @@ def cmd_run(**params: Any) -> int:
         policy.deadband_bytes,
         policy.deadband_fraction,
         cfg.metrics_address,
+        cfg.enforce_caps,
     )
     agent.run(stop)
     return 0

@@ -22,7 +22,23 @@ Behaviours reproduced (see docs/agent.md and the NVML notes):
 - faults: a lost GPU raises ``GpuIsLost`` from every call, including
   ``nvmlDeviceGetHandleByIndex``; ``hide_processes`` mimics drivers 535.54/535.86
   whose mismatched process struct loses processes while memory stays used;
-  ``init_error`` makes ``nvmlInit`` (and every call) fail with that NVML code.
+  ``init_error`` makes ``nvmlInit`` (and every call) fail with that NVML code;
+- per-cgroup memory limits (``nvmlDeviceSetMemoryLimits_v1`` /
+  ``nvmlDeviceGetMemoryLimits_v1`` with nvidia-ml-py's own structs): limits are
+  kept per device UUID and cgroup ``nameSpace`` (so they outlive ``gpus`` being
+  replaced, as they outlive a sample on a real node); ``FUNCTION_NOT_FOUND``
+  from a driver older than r615 (the symbol is missing, as pynvml's
+  ``_nvmlGetFunctionPointer`` reports it), ``NOT_SUPPORTED`` for MIG handles
+  and MIG-enabled GPUs and for a GPU whose ``memory_limits_error`` says so,
+  ``NO_PERMISSION`` for a set unless ``privileged`` (root), ``INVALID_ARGUMENT``
+  for an empty ``nameSpace`` or a soft limit above the hard one, ``NOT_FOUND``
+  for a cgroup not in ``cgroups`` (when given); ``softLimit=0`` with
+  ``hardLimit=NVML_DEVICE_MEMORY_LIMIT_MAX`` clears, as does ``remove_cgroup``;
+  ``currentUsed`` sums the device's processes in the cgroup and below it
+  (``pid_cgroups``); ``refuse_max_below_usage`` keeps the old hard limit when
+  the new one is below that usage (the kernel's dmem controller, Linux 6.14,
+  refuses such a max with EBUSY and its caller ignores it). These are in
+  ``fakenvml_limits``.
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml as _real
+
+from .fakenvml_limits import FakeMemoryLimits
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "no GPU/compute instance" (MIG off)
 MIB = 1024 * 1024
@@ -85,6 +103,7 @@ class FakeGPU:
     not_available: bool = False
     hide_processes: bool = False
     memory_error: int | None = None
+    memory_limits_error: int | None = None
 
     def process_bytes(self) -> int:
         """True memory held by processes (and MIG devices) on the GPU, bytes."""
@@ -99,11 +118,14 @@ class _Handle:
     mig: FakeMigDevice | None = None
 
 
-class FakeNVML:
+class FakeNVML(FakeMemoryLimits):
     """A stand-in for the ``pynvml`` module. Pass it to ``NVMLBackend(nvml=...)``.
 
     State is plain attributes: ``gpus``, ``driver_version``, ``privileged``,
-    ``no_v3``, ``no_memory_v2``, ``init_error`` (an ``NVML_ERROR_*`` code or None).
+    ``no_v3``, ``no_memory_v2``, ``init_error`` (an ``NVML_ERROR_*`` code or None);
+    for memory limits ``memory_limits`` (GPU UUID -> nameSpace -> (soft, hard)
+    bytes), ``cgroups`` (the nameSpaces that exist; None: any), ``pid_cgroups``
+    (pid -> nameSpace of its cgroup) and ``refuse_max_below_usage``.
     ``calls`` counts calls per function name (for tests and the benchmark).
     """
 
@@ -119,6 +141,7 @@ class FakeNVML:
         self.no_v3 = False
         self.no_memory_v2 = False
         self.init_error: int | None = None
+        self.init_memory_limits()
         self.calls: dict[str, int] = {}
         self._refcount = 0
         for name in dir(_real):

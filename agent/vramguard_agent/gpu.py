@@ -63,12 +63,23 @@ class GPUProcess(NamedTuple):
     compute_instance_id: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryLimitsSupport:
+    """Whether a device holds per-cgroup memory limits, and why (``vramguard_api.memlimits``'s
+    ``REASON_*``): ``supported`` is True only when NVML answered for this device."""
+
+    supported: bool
+    reason: str
+    message: str
+
+
 @dataclass(slots=True)
 class DeviceSample:
     """One GPU or MIG device in one sample.
 
     ``processes`` is None when the per-process listing failed (then
     ``process_error`` says why); an empty list means no process.
+    ``memory_limits`` is set by the memory-limit probe (``caps``), None before.
     """
 
     uuid: str
@@ -85,6 +96,7 @@ class DeviceSample:
     process_error: str | None = None
     health: Health = "Healthy"
     error: str | None = None
+    memory_limits: MemoryLimitsSupport | None = None
 
 
 @dataclass(slots=True)

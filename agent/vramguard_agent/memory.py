@@ -158,6 +158,15 @@ class CgroupMemoryReader:
             due = when + self.refresh_s * (1 - (zlib.crc32(uid.encode()) % 1000) / 1000)
         return due, self._read_pod(cgroup)
 
+    def pod_cgroup_path(self, uid: str) -> str | None:
+        """A pod's cgroup directory relative to the hierarchy's root (``/kubepods.slice/...``),
+        None when it has none. From the last scan, checked on disk: a deleted pod's
+        cgroup goes away before the next scan."""
+        cgroup = self._index.get(uid)
+        if cgroup is None or not os.path.isdir(cgroup.path):
+            return None
+        return "/" + os.path.relpath(cgroup.path, self._hierarchy()).replace(os.sep, "/")
+
     def scan(self) -> dict[str, PodCgroup]:
         """Index every kubelet pod cgroup under the memory hierarchy, by pod uid."""
         index: dict[str, PodCgroup] = {}

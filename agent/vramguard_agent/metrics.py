@@ -74,6 +74,7 @@ class UsageCollector:
             return
         yield from _device_families(snap)
         yield from _pod_families(snap)
+        yield from _limit_families(snap)
 
 
 def _device_labels(device: GPUDevice, by_uuid: dict[str, GPUDevice], node: str) -> list[str]:
@@ -190,6 +191,38 @@ def _pod_families(snap: Snapshot) -> Iterator[Metric]:
     yield from (vram, ram, growth, floor, c_ram, c_oom)
 
 
+def _limit_families(snap: Snapshot) -> Iterator[Metric]:
+    """Per-cgroup memory limits: each device's support, each pod's limits the driver holds."""
+    assert snap.status is not None
+    status, node = snap.status, snap.node
+    by_uuid = {d.uuid: d for d in status.devices}
+    support = _gauge(
+        "vramguard_gpu_memory_limits_supported",
+        "1 when the driver holds per-cgroup memory limits on the device (reason: why or why not).",
+        [*DEVICE_LABELS, "reason"],
+    )
+    for d in status.devices:
+        if d.memory_limits is not None:
+            labels = [*_device_labels(d, by_uuid, node), d.memory_limits_reason or ""]
+            support.add_metric(labels, 1 if d.memory_limits == "Supported" else 0)
+    labels = [*POD_LABELS, "UUID"]
+    held = _gauge("vramguard_pod_gpu_memory_limit_bytes", "A memory limit the driver holds for a pod.", [*labels, "limit"])
+    applied = _gauge(
+        "vramguard_pod_gpu_memory_limits_applied",
+        "1 when the driver holds the limits the pod's annotation wants (state: Applied, Pending, ...).",
+        [*labels, "state"],
+    )
+    for p in status.pods:
+        for e in p.memory_limits:
+            pod = [p.namespace or "", p.name or p.uid, node, e.uuid]
+            applied.add_metric([*pod, e.state], 1 if e.state == "Applied" else 0)
+            if e.hard_limit_bytes is not None:
+                held.add_metric([*pod, "hard"], e.hard_limit_bytes)
+            if e.soft_limit_bytes is not None:
+                held.add_metric([*pod, "soft"], e.soft_limit_bytes)
+    yield from (support, held, applied)
+
+
 class AgentMetrics:
     """The agent's own metrics and the usage collector, in one registry."""
 
@@ -219,6 +252,12 @@ class AgentMetrics:
         self.last_sample = Gauge(
             "vramguard_agent_last_sample_timestamp_seconds",
             "Unix time of the last sample.",
+            registry=self.registry,
+        )
+        self.memory_limit_calls = Counter(
+            "vramguard_agent_memory_limit_calls",
+            "NVML memory-limit calls (get, set, clear), by result.",
+            ["operation", "result"],
             registry=self.registry,
         )
         self.last_write = Gauge(

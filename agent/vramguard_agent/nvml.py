@@ -72,6 +72,11 @@ class NVMLBackend:
         self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")
         self._process_v3 = dict.fromkeys(PROCESS_LISTS, True)
 
+    @property
+    def library(self) -> Any:
+        """The ``pynvml`` module (or stand-in) this backend samples with."""
+        return self._nvml
+
     # --- lifecycle -----------------------------------------------------------
 
     def _ensure_init(self) -> None:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION
+
 log = logging.getLogger(__name__)
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -29,7 +31,9 @@ class PodMeta:
 
     ``containers`` maps a 64-hex container id to the container's name;
     ``config_hash`` is set for static pods; ``gpu`` is True when a container
-    requests or is limited on an NVIDIA (or other GPU) extended resource.
+    requests or is limited on an NVIDIA (or other GPU) extended resource;
+    ``memory_limits`` is the raw ``vramguard.io/memory-limits`` annotation (parsed
+    where it is applied, so that a bad one is reported on its pod).
     """
 
     uid: str
@@ -39,6 +43,7 @@ class PodMeta:
     containers: Mapping[str, str] = field(default_factory=dict)
     config_hash: str | None = None
     gpu: bool = False
+    memory_limits: str | None = None
 
 
 def container_id(value: str | None) -> str | None:
@@ -67,14 +72,16 @@ def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
     ]
     containers = {cid: s["name"] for s in statuses if (cid := container_id(s.get("containerID"))) and s.get("name")}
     qos = status.get("qosClass")
+    annotations = meta.get("annotations") or {}
     return PodMeta(
         uid=meta["uid"],
         namespace=meta["namespace"],
         name=meta["name"],
         qos_class=qos.lower() if qos else None,
         containers=containers,
-        config_hash=(meta.get("annotations") or {}).get(MIRROR_ANNOTATION),
+        config_hash=annotations.get(MIRROR_ANNOTATION),
         gpu=_requests_gpu(spec),
+        memory_limits=annotations.get(MEMORY_LIMITS_ANNOTATION),
     )
 
 

@@ -41,6 +41,7 @@ from vramguard_api.usage import Attribution as PodAttribution
 
 from .aggregation import Aggregation, PodVRAM, sum_or_none
 from .gpu import DeviceSample, GPUSample
+from .limits_plan import LimitEntry, PodLimits
 from .memory import CgroupMemory, PodMemory
 from .pods import PodMeta
 
@@ -79,6 +80,7 @@ def _device(d: DeviceSample, agg: Aggregation) -> GPUDevice:
             usableBytes=d.memory.usable,
         )
     healthy = d.health == "Healthy"
+    support = d.memory_limits
     return GPUDevice(
         uuid=d.uuid[:128],
         index=d.index,
@@ -94,6 +96,9 @@ def _device(d: DeviceSample, agg: Aggregation) -> GPUDevice:
         processesComplete=agg.complete.get(d.uuid, False) if healthy else False,
         health=d.health,
         error=(d.error or None) and d.error[:1024],
+        memoryLimits=None if support is None else ("Supported" if support.supported else "Unsupported"),
+        memoryLimitsReason=support.reason if support else None,
+        memoryLimitsMessage=support.message[:1024] if support else None,
     )
 
 
@@ -104,7 +109,8 @@ class PodInputs:
     ``pods`` maps a cgroup uid (API uid, or static pod config hash) to the pod's
     API metadata; ``memory`` and ``trends`` are keyed by cgroup uid too;
     ``gpu_pods`` are cgroup uids of pods that use a GPU but have no process now;
-    ``container_names`` adds names for container ids the API does not show.
+    ``container_names`` adds names for container ids the API does not show;
+    ``memory_limits`` holds pods' driver-enforced memory limits (``caps``), by cgroup uid.
     """
 
     pods: Mapping[str, PodMeta] = field(default_factory=dict)
@@ -112,6 +118,7 @@ class PodInputs:
     trends: Mapping[str, TrendFeatures] = field(default_factory=dict)
     gpu_pods: Iterable[str] = ()
     container_names: Mapping[str, str] = field(default_factory=dict)
+    memory_limits: Mapping[str, PodLimits] = field(default_factory=dict)
 
 
 class DeviceEntry(NamedTuple):
@@ -147,12 +154,14 @@ class PodEntry:
     devices: list[DeviceEntry] = field(default_factory=list)
     containers: list[ContainerEntry] = field(default_factory=list)
     trend: TrendFeatures | None = None
+    memory_limits: list[LimitEntry] = field(default_factory=list)
+    memory_limits_error: str | None = None
 
 
 def build_pods(agg: Aggregation, inputs: PodInputs) -> list[PodEntry]:
     """One entry per attributed pod and per idle GPU pod (unbounded; see ``bound``)."""
     entries: list[PodEntry] = []
-    idle = [uid for uid in dict.fromkeys(inputs.gpu_pods) if uid not in agg.pods]
+    idle = [uid for uid in dict.fromkeys([*inputs.gpu_pods, *inputs.memory_limits]) if uid not in agg.pods]
     for uid in [*agg.pods, *idle]:
         entries.append(_pod(uid, agg.pods.get(uid), agg.listing_failed, inputs))
     return entries
@@ -170,6 +179,7 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
         devices = [DeviceEntry(u, b) for u, b in vram.devices.items()]
     containers = _containers(vram, ram, meta, inputs.container_names, total is None)
     qos = (meta.qos_class if meta else None) or (vram.qos if vram else None)
+    limits = inputs.memory_limits.get(uid) or PodLimits()
     return PodEntry(
         uid=meta.uid if meta else uid,
         namespace=meta.namespace if meta else None,
@@ -182,6 +192,8 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
         devices=devices,
         containers=containers,
         trend=inputs.trends.get(uid),
+        memory_limits=limits.entries,
+        memory_limits_error=limits.error,
     )
 
 
@@ -356,6 +368,8 @@ def _pod_usage(p: PodEntry) -> PodUsage:
             for c in p.containers
         ],
         trend=p.trend,
+        memoryLimits=[e.to_api() for e in p.memory_limits],
+        memoryLimitsError=p.memory_limits_error,
     )
 
 

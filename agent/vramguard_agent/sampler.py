@@ -24,6 +24,7 @@ from vramguard_api.usage import AgentInfo, NodeGPUUsageStatus
 
 from . import __version__
 from .aggregation import Aggregation, aggregate
+from .caps import CapEnforcer
 from .cgroups import Attribution, NotInPod, attribute_pid
 from .gpu import BackendUnavailable, GPUBackend, GPUSample
 from .memory import CgroupMemoryReader
@@ -59,7 +60,8 @@ class Sampler:
     container id → name pairs (the simulated backend's); ``wall_clock`` gives
     Unix seconds for sample times and histories. ``cache_key`` returns a value
     whose change clears the attribution cache (the simulated host can move a pid
-    to another cgroup; a real host cannot).
+    to another cgroup; a real host cannot). ``caps``, when given, applies and
+    reports pods' memory limits after each GPU sample (``caps.CapEnforcer``).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Sampler:
         wall_clock: Callable[[], float] = time.time,
         cache_key: Callable[[], object] = lambda: None,
         history_clock: Callable[[], float] | None = None,
+        caps: CapEnforcer | None = None,
     ) -> None:
         self.backend = backend
         self.proc_root = Path(proc_root)
@@ -88,6 +91,7 @@ class Sampler:
         self.wall_clock = wall_clock
         self.history_clock = history_clock or wall_clock
         self.cache_key = cache_key
+        self.caps = caps
         self._cache_key: object = None
         self._attributions: dict[int, Attribution | NotInPod] = {}
         self._conditions: list[Condition] | None = None
@@ -109,10 +113,13 @@ class Sampler:
             self._last_seen = {u: pods for u, pods in self._last_seen.items() if u in present}
         pods = self.pods()
         gpu_pods = [uid for uid, meta in pods.items() if meta.gpu and uid == (meta.config_hash or meta.uid)]
-        wanted: dict[str, set[str]] = {uid: set() for uid in gpu_pods}
+        wanted: dict[str, set[str]] = {uid: set() for uid in [*gpu_pods, *self._limit_pods(pods)]}
         for uid, vram in agg.pods.items():
             wanted.setdefault(uid, set()).update(vram.containers)
         memory = self.memory.read(wanted, now=history_s)  # a simulation refreshes RAM in scenario time
+        limits = {}
+        if self.caps is not None:
+            limits = self.caps.reconcile(gpu, pods, self.memory.pod_cgroup_path, self.memory.version == 2)
         # A GPU pod without a process holds 0 (kept: the leak detector reads zeros as restarts).
         idle = None if agg.listing_failed else 0
         vram_now = {uid: idle for uid in gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
@@ -124,16 +131,25 @@ class Sampler:
             trends=self.history.trends(vram_now, history_s),
             gpu_pods=gpu_pods,
             container_names=names,
+            memory_limits=limits,
         )
         agent = AgentInfo(
             version=__version__,
             backend=self.backend.name,
             sampleIntervalSeconds=self.sample_interval_s,
             driverVersion=gpu.driver_version if gpu else None,
+            enforceCaps=self.caps is not None and self.caps.enforce,
         )
         report = build_report(gpu, error, agg, inputs, agent, now, self._conditions, self.bounds)
         self._conditions = report.conditions
         return SampleResult(report, functools.partial(container_devices, agg, pods, names), error)
+
+    def _limit_pods(self, pods: Mapping[str, PodMeta]) -> list[str]:
+        """Cgroup uids whose cgroup the memory limits need: pods with the annotation, the agent's own."""
+        if self.caps is None:
+            return []
+        uids = [uid for uid, m in pods.items() if m.memory_limits is not None and uid == (m.config_hash or m.uid)]
+        return [*uids, *([self.caps.own_pod_uid] if self.caps.own_pod_uid else [])]
 
     def _gpu(self) -> tuple[GPUSample | None, str | None]:
         try:

@@ -66,6 +66,8 @@ def _sampling_parameters(run: bool) -> list[click.Parameter]:
         if run
         else click.Option(["--kubeconfig"], help="list this node's pods from this cluster for their names"),
         env("--log-level", "VRAMGUARD_LOG_LEVEL", "INFO", type=LogLevel(), help="log level (env VRAMGUARD_LOG_LEVEL)"),
+        env("--pod-uid", "POD_UID", empty_is_unset=True,
+            help="the agent's own pod uid (downward API): the cgroup the memory-limit probe reads (env POD_UID)"),
     ]
 
 
@@ -86,6 +88,11 @@ def run_parameters() -> list[click.Parameter]:
         env("--metrics-address", "VRAMGUARD_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS,
             help="host:port of /metrics, /healthz, /readyz; empty disables "
             "(env VRAMGUARD_METRICS_ADDRESS; default :9402)"),
+        env("--enforce-caps/--no-enforce-caps", "VRAMGUARD_ENFORCE_CAPS", False, type=click.BOOL,
+            empty_is_unset=True,
+            help="apply the memory limits of pods' vramguard.io/memory-limits annotations through NVML (needs "
+            "root and CAP_SYS_ADMIN); off, only report whether devices support them "
+            "(env VRAMGUARD_ENFORCE_CAPS; default off)"),
     ]
 
 
@@ -153,6 +160,8 @@ def agent_config(params: Mapping[str, Any], policy: PublishPolicy | None = None)
         kubeconfig=params["kubeconfig"],
         sim_offset_s=params["sim_offset"],
         sim_speed=params["sim_speed"],
+        enforce_caps=params.get("enforce_caps", False),  # run only: once never applies limits
+        pod_uid=params["pod_uid"],
     )
 
 

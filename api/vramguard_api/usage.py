@@ -19,6 +19,9 @@ from .units import MAX_BYTES
 VirtualizationMode = Literal["None", "Passthrough", "VGPU", "HostVGPU", "HostVSGA"]
 Attribution = Literal["Measured", "Unknown"]
 DeviceHealth = Literal["Healthy", "Lost", "Error"]
+# Per-cgroup memory limits (vramguard_api.memlimits): a device's support, a pod's limit state.
+MemoryLimitsSupport = Literal["Supported", "Unsupported"]
+MemoryLimitState = Literal["Applied", "Pending", "Failed", "Unsupported", "Disabled"]
 
 MAX_PODS = 256
 MAX_UNATTRIBUTED = 64
@@ -100,6 +103,21 @@ class GPUDevice(APIModel):
     )
     health: DeviceHealth = Field(default="Healthy", description="Healthy, Lost (fell off the bus) or Error.")
     error: str | None = Field(default=None, max_length=1024, description="The NVML error when health is not Healthy.")
+    memory_limits: MemoryLimitsSupport | None = Field(
+        default=None,
+        alias="memoryLimits",
+        description="Whether the driver enforces per-cgroup memory limits on this device (NVML "
+        "nvmlDeviceSetMemoryLimits_v1: driver r615+, cgroup v2, not MIG); absent when not probed.",
+    )
+    memory_limits_reason: str | None = Field(
+        default=None,
+        alias="memoryLimitsReason",
+        max_length=64,
+        description="Why memoryLimits is what it is (CamelCase, e.g. ProbeSucceeded, DriverTooOld, NoPermission).",
+    )
+    memory_limits_message: str | None = Field(
+        default=None, alias="memoryLimitsMessage", max_length=1024, description="The same, for humans."
+    )
 
 
 class DeviceUsage(APIModel):
@@ -112,6 +130,40 @@ class DeviceUsage(APIModel):
         ge=0,
         le=MAX_BYTES,
         description="VRAM used on the device, bytes; absent when unknown; at most 2^53.",
+    )
+
+
+class PodMemoryLimit(APIModel):
+    """A pod's driver-enforced memory limits on one device: what the driver holds, and
+    whether that is what the pod's ``vramguard.io/memory-limits`` annotation wants."""
+
+    uuid: str = Field(max_length=128, description="Device UUID.")
+    state: MemoryLimitState = Field(
+        description="Applied (the driver holds the wanted limits), Pending, Failed, Unsupported "
+        "(the device cannot hold limits) or Disabled (the agent does not apply limits)."
+    )
+    reason: str = Field(max_length=64, description="Why, CamelCase (e.g. Applied, NotHeld, SetFailed).")
+    message: str | None = Field(default=None, max_length=1024, description="The same, for humans.")
+    hard_limit_bytes: int | None = Field(
+        default=None,
+        alias="hardLimitBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="Hard limit the driver holds, bytes; absent: none (or above 2^53, which no device has).",
+    )
+    soft_limit_bytes: int | None = Field(
+        default=None,
+        alias="softLimitBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="Soft limit the driver holds, bytes; absent: none (or above 2^53).",
+    )
+    current_used_bytes: int | None = Field(
+        default=None,
+        alias="currentUsedBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="The cgroup's memory on the device as the driver counts it against the limits, bytes; at most 2^53.",
     )
 
 
@@ -163,6 +215,18 @@ class PodUsage(APIModel):
     devices: list[DeviceUsage] = Field(default_factory=list, max_length=MAX_DEVICES, description="VRAM per device.")
     containers: list[ContainerUsage] = Field(default_factory=list, max_length=64, description="Usage per container.")
     trend: TrendFeatures | None = Field(default=None, description="VRAM trend features for leak detection.")
+    memory_limits: list[PodMemoryLimit] = Field(
+        default_factory=list,
+        alias="memoryLimits",
+        max_length=MAX_DEVICES,
+        description="Driver-enforced memory limits per device: wanted by the annotation or held by the driver.",
+    )
+    memory_limits_error: str | None = Field(
+        default=None,
+        alias="memoryLimitsError",
+        max_length=1024,
+        description="Why the pod's vramguard.io/memory-limits annotation was refused (nothing of it is applied).",
+    )
 
 
 class UnattributedProcess(APIModel):
@@ -194,6 +258,11 @@ class AgentInfo(APIModel):
     )
     driver_version: str | None = Field(
         default=None, alias="driverVersion", max_length=64, description="NVIDIA driver version."
+    )
+    enforce_caps: bool = Field(
+        default=False,
+        alias="enforceCaps",
+        description="Whether the agent applies pods' memory limits (--enforce-caps); off, it only reports support.",
     )
 
 

@@ -199,3 +199,34 @@ def test_bad_run_environment_values_name_the_variable(monkeypatch, capsys, var, 
     exit_.value.show()  # what the command prints
     err = capsys.readouterr().err
     assert exit_.value.exit_code == 2 and flag in err and var in err and repr(value) in err
+
+
+def test_enforce_caps_flag_and_environment(monkeypatch):
+    from vramguard_agent.agent import build
+
+    assert _config(parse_args(["run", "--node", "n"])).enforce_caps is False
+    assert _config(parse_args(["run", "--node", "n", "--enforce-caps"])).enforce_caps is True
+    monkeypatch.setenv("VRAMGUARD_ENFORCE_CAPS", "true")
+    assert _config(parse_args(["run", "--node", "n"])).enforce_caps is True
+    assert _config(parse_args(["run", "--node", "n", "--no-enforce-caps"])).enforce_caps is False
+    monkeypatch.setenv("POD_UID", "0000-agent")
+    args = parse_args(["once", "--backend", "sim", "--scenario", str(DEMO), "--node", "gpu-a10-vgpu"])
+    cfg = _config(args)
+    assert cfg.enforce_caps is False and cfg.pod_uid == "0000-agent"  # once never applies limits
+    parts = build(cfg)
+    try:
+        caps = parts.sampler.caps
+        assert caps is not None and caps.enforce is False and caps.own_pod_uid == "0000-agent"
+    finally:
+        parts.close()
+    with pytest.raises(click.UsageError):
+        parse_args(["once", "--enforce-caps"])  # a run setting only
+
+
+def test_bad_enforce_caps_environment_names_the_variable(monkeypatch, capsys):
+    monkeypatch.setenv("VRAMGUARD_ENFORCE_CAPS", "maybe")
+    with pytest.raises(click.UsageError) as exit_:
+        parse_args(["run", "--node", "n"])
+    exit_.value.show()
+    err = capsys.readouterr().err
+    assert "--enforce-caps" in err and "VRAMGUARD_ENFORCE_CAPS" in err and "'maybe'" in err

@@ -141,3 +141,10 @@ def test_api_errors_are_retried_with_backoff(stub):
         assert set(watcher.index.snapshot()) == {A}
     finally:
         watcher.stop()
+
+
+def test_pod_meta_carries_the_memory_limits_annotation_as_written():
+    text = '{"GPU-1":{"hardLimit":21474836480}}'
+    meta = pod_meta(pod_json("p", A, annotations={"vramguard.io/memory-limits": text}))
+    assert meta.memory_limits == text
+    assert pod_meta(pod_json("q", B)).memory_limits is None

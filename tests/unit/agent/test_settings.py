@@ -51,6 +51,7 @@ RUN_SETTINGS = [
     ("--min-report-interval", "VRAMGUARD_MIN_REPORT_INTERVAL", "1s", "0s", "policy.min_interval_s", 1.0, 0.0, 5.0),
     ("--deadband", "VRAMGUARD_DEADBAND", "128Mi", "1Gi", "policy.deadband_bytes", 128 * MI, 1024 * MI, 64 * MI),
     ("--deadband-fraction", "VRAMGUARD_DEADBAND_FRACTION", "0.1", "0", "policy.deadband_fraction", 0.1, 0.0, 0.02),
+    ("--pod-uid", "POD_UID", "uid-env", "uid-flag", "pod_uid", "uid-env", "uid-flag", None),
 ]
 
 
@@ -96,7 +97,7 @@ def test_attribute_and_fake_host_settings():
 
 
 def test_the_table_covers_every_run_and_once_parameter():
-    named = {row[0] for row in RUN_SETTINGS} | {"--log-level", "--pretty"}
+    named = {row[0] for row in RUN_SETTINGS} | {"--log-level", "--pretty", "--enforce-caps"}
     for command in ("run", "once"):
         for param in PARAMETERS[command][0]():
             assert set(param.opts) & named, f"{command} {param.opts} is not tested"
@@ -122,3 +123,17 @@ def test_a_bad_value_names_flag_variable_and_value(flag, var, bad):
             parse(argv, env=env)
         text = err.value.format_message()
         assert flag in text and var in text and repr(bad) in text, text
+
+
+def test_enforce_caps_reads_its_flags_over_its_variable_over_its_default():
+    """A boolean: --enforce-caps / --no-enforce-caps, VRAMGUARD_ENFORCE_CAPS true/false (empty: unset)."""
+    assert run_config([], {}).enforce_caps is False
+    assert run_config([], {"VRAMGUARD_ENFORCE_CAPS": "true"}).enforce_caps is True
+    assert run_config([], {"VRAMGUARD_ENFORCE_CAPS": ""}).enforce_caps is False
+    assert run_config(["--enforce-caps"], {"VRAMGUARD_ENFORCE_CAPS": "off"}).enforce_caps is True
+    assert run_config(["--no-enforce-caps"], {"VRAMGUARD_ENFORCE_CAPS": "1"}).enforce_caps is False
+    assert agent_config(parse(["once"], env={"VRAMGUARD_ENFORCE_CAPS": "true"}).params).enforce_caps is False
+    with pytest.raises(click.BadParameter) as err:
+        parse(["run"], env={"VRAMGUARD_ENFORCE_CAPS": "maybe"})
+    text = err.value.format_message()
+    assert "--enforce-caps" in text and "VRAMGUARD_ENFORCE_CAPS" in text and "'maybe'" in text, text

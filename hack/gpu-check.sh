@@ -7,7 +7,12 @@
 # device memory while `vramguard-agent once --backend nvml` samples the GPU, and
 # expected and measured figures are printed with PASS/FAIL checks.
 #
+# With --memory-limits (as root) it also sets, reads and clears a per-cgroup memory
+# limit through NVML (driver r615+, cgroup v2, not MIG) and checks that an allocation
+# above the hard limit fails inside the cgroup, or says why the host cannot.
+#
 # Usage: hack/gpu-check.sh [--mib 1024] [--device 0] [--holder auto|torch|cupy|pycuda|numba|ctypes]
+#                          [--memory-limits [--limit-mib 2048] [--no-enforce-check]]
 # Environment: VENV=DIR reuses (or creates) that venv; PYTHON=python3 picks the interpreter;
 #              NO_INSTALL=1 skips pip and runs from the source tree (needs pydantic, kubernetes,
 #              nvidia-ml-py, prometheus-client, PyYAML, numpy in that interpreter).

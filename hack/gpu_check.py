@@ -12,6 +12,9 @@ printed side by side with raw NVML's, then checked:
 - the device's used memory grew by about the holder's usage;
 - no ProcessesMissing condition, the device is Healthy.
 
+With ``--memory-limits`` it then sets, reads and clears a per-cgroup memory
+limit on the device (``gpu_check_limits``), or says why the host cannot.
+
 Exit status: 0 all checks pass, 1 a check failed, 2 no GPU / NVML / CUDA.
 """
 
@@ -352,9 +355,25 @@ def report(
             "  note: NVML reports host PIDs; inside a container without hostPID the holder's pid differs "
             "from NVML's (compare the device used delta above)."
         )
+    if args.memory_limits:
+        results += memory_limits(args, method, f.info)
     passed = all(ok for _, ok in results)
     print(f"\nRESULT: {'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1
+
+
+def memory_limits(args: argparse.Namespace, method: str, agent_device: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Set, read and clear a per-cgroup memory limit (gpu_check_limits); print the checks."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import gpu_check_limits
+
+    results, verdict = gpu_check_limits.run(args, __file__, method, agent_device)
+    print(f"\nmemory limits on GPU {args.device}: {verdict}")
+    print(f"  agent: {agent_device.get('memoryLimits')} ({agent_device.get('memoryLimitsReason')}: "
+          f"{agent_device.get('memoryLimitsMessage')})")
+    for name, ok in results:
+        print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
+    return results
 
 
 def main() -> int:
@@ -365,6 +384,11 @@ def main() -> int:
     parser.add_argument("--node", default=None, help="node name for the report (default: hostname)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds to wait after allocating")
     parser.add_argument("--max-overhead-mib", type=int, default=2048, help="accepted context + pool overhead")
+    parser.add_argument("--memory-limits", action="store_true",
+                        help="also set, read and clear a per-cgroup memory limit (root, cgroup v2, driver r615+)")
+    parser.add_argument("--limit-mib", type=int, default=2048, help="the hard limit to set, MiB (default 2048)")
+    parser.add_argument("--enforce-check", action=argparse.BooleanOptionalAction, default=True,
+                        help="allocate below and above the hard limit inside the cgroup (default on)")
     parser.add_argument("--hold", choices=HOLDERS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hold:

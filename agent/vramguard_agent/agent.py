@@ -108,6 +108,7 @@ def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False
         enforce=cfg.enforce_caps,
         pods_synced=index.synced.is_set if index is not None else (lambda: True),
         own_pod_uid=cfg.pod_uid,
+        own_cgroup=own_cgroup(),
     )
     sampler = Sampler(
         backend,
@@ -122,6 +123,18 @@ def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False
         caps=caps,
     )
     return Components(sampler, backend, index, watcher, reporter, cleanup)
+
+
+def own_cgroup(proc_self: Path = Path("/proc/self/cgroup")) -> str | None:
+    """This process's cgroup v2 path (``0::/path``), as its cgroup namespace shows it;
+    None on cgroup v1 or when unreadable. On a host it is the real path; in a pod
+    with its own cgroup namespace it is ``/`` (the agent's pod uid names it there)."""
+    try:
+        lines = proc_self.read_text().splitlines()
+    except OSError:
+        return None
+    paths = [line[3:] for line in lines if line.startswith("0::")]
+    return paths[0] if len(lines) == 1 and paths and paths[0].startswith("/") else None
 
 
 def _memory_limits(backend: GPUBackend) -> NVMLMemoryLimits:

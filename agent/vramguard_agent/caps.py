@@ -49,8 +49,9 @@ DEFAULT_VERIFY_INTERVAL_S = 60.0
 class CapEnforcer:
     """Applies and reports pods' memory limits on one node; see the module docstring.
 
-    ``pods_synced`` says whether the node's pods have been listed; ``own_pod_uid``
-    (the agent's pod) names the cgroup the probe reads (else the cgroup root);
+    ``pods_synced`` says whether the node's pods have been listed; the probe reads
+    the cgroup of ``own_pod_uid`` (the agent's pod), else ``own_cgroup`` (the
+    agent process's, relative to the cgroup root), else the root;
     ``on_operation(operation, result)`` counts each NVML call (get/set/clear, ok/error).
     """
 
@@ -64,6 +65,7 @@ class CapEnforcer:
         clock: Callable[[], float] = time.monotonic,
         pods_synced: Callable[[], bool] = lambda: True,
         own_pod_uid: str | None = None,
+        own_cgroup: str | None = None,
         on_operation: Callable[[str, str], None] = lambda op, result: None,
     ) -> None:
         self.limits = limits
@@ -74,6 +76,7 @@ class CapEnforcer:
         self.clock = clock
         self.pods_synced = pods_synced
         self.own_pod_uid = own_pod_uid
+        self.own_cgroup = own_cgroup
         self.on_operation = on_operation
         self.support: dict[str, MemoryLimitsSupport] = {}
         self._probed_at: dict[str, float] = {}
@@ -136,7 +139,7 @@ class CapEnforcer:
     def _probe(self, samples: list[DeviceSample], cgroup_path: Callable[[str], str | None], cgroup_v2: bool) -> None:
         now = self.clock()
         own = cgroup_path(self.own_pod_uid) if self.own_pod_uid else None
-        target = self.namespace(own or "")
+        target = self.namespace(own or self.own_cgroup or "")
         for d in samples:
             if d.health != "Healthy":
                 continue  # a device that does not answer: its support is unknown

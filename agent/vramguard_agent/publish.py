@@ -11,7 +11,9 @@ A report is written
   shape changed (pods, containers or devices came or went, an unknown value
   became known or the reverse, a health, completeness, attribution, OOM-kill
   count or condition status changed, the list of unattributed processes
-  changed). Trend features and sample times alone never trigger a write.
+  changed, a device's memory-limit support or a pod's memory limits — state,
+  reason, the limits the driver holds — changed). Trend features and sample
+  times alone never trigger a write.
 
 With the defaults a node whose usage is steady writes once per 30 s.
 
@@ -86,13 +88,16 @@ def digest(report: Report) -> Digest:
 
     Shape: what exists (devices, pods, their devices and containers, unattributed
     processes), which values are known, health, completeness, names,
-    attribution, OOM-kill counts, condition statuses, truncation. Amounts: each
+    attribution, OOM-kill counts, condition statuses, truncation, memory-limit
+    support and pods' memory limits. Amounts: each
     device's used memory, each pod's and container's VRAM and RAM working set,
     each pod's VRAM per device."""
     shape: list[Any] = []
     amounts: list[int | None] = []
     for d in report.devices:
-        shape.append((d.uuid, d.health, d.processes_complete, d.memory is None, d.process_bytes is None))
+        shape.append(
+            (d.uuid, d.health, d.processes_complete, d.memory is None, d.process_bytes is None, d.memory_limits_reason)
+        )
         amounts.append(d.memory.used_bytes if d.memory else None)
     for p in report.pods:
         shape.append(
@@ -108,6 +113,9 @@ def digest(report: Report) -> Digest:
             )
         )
         amounts += (p.vram_bytes, p.ram_working_set_bytes)
+        if p.memory_limits or p.memory_limits_error:
+            limits = tuple((e.uuid, e.state, e.reason, e.hard_limit_bytes, e.soft_limit_bytes) for e in p.memory_limits)
+            shape.append((limits, p.memory_limits_error))
         for du in p.devices:
             shape.append((du.uuid, du.used_bytes is None))
             amounts.append(du.used_bytes)

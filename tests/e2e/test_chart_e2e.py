@@ -704,7 +704,8 @@ def annotations(cluster: Any) -> dict[str, str]:
     ({"vramguard.io/violations": None}, ""),               # removed
     ({"vramguard.io/limits": '{"perPod":{}}'}, ""),        # added
     ({"vramguard.io/original-cpu": None}, "status"),       # through pods/status
-], ids=["change", "remove", "add", "status"])
+    ({"vramguard.io/memory-limits": "{}"}, ""),            # the agent applies it: a tenant may not
+], ids=["change", "remove", "add", "status", "memory-limits"])
 def test_a_tenant_may_not_edit_the_operators_state(cluster, tenant, change, sub):
     before = annotations(cluster)
     res = patch_as(cluster, TENANT, change, sub)
@@ -737,6 +738,20 @@ def test_a_pod_may_be_created_with_the_webhooks_record_only(cluster, tenant):
     bad = state_pod("preset", {"vramguard.io/original-cpu": '{"main":{"limit":"64"}}'})
     res = cluster.kubectl("create", "-f", "-", f"--as={TENANT}", input=json.dumps(bad), check=False)
     assert res.returncode != 0 and "vramguard.io/original-cpu" in res.stderr, res.stderr
+
+
+# --- agent.enforceCaps -----------------------------------------------------------
+
+
+def test_enforce_caps_daemonset_is_accepted_server_side_and_needs_escalation(installed, cluster):
+    """The API server accepts what agent.enforceCaps renders, and refuses SYS_ADMIN
+    without allowPrivilegeEscalation (why the chart sets it)."""
+    (ds,) = [o for o in render({"agent.enforceCaps": True}) if o["kind"] == "DaemonSet"]
+    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(ds), check=False)
+    assert res.returncode == 0 and "(server dry run)" in res.stdout, res.stderr
+    ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = False
+    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(ds), check=False)
+    assert res.returncode != 0 and "CAP_SYS_ADMIN" in res.stderr, res.stderr
 
 
 # --- schema and upgrade ----------------------------------------------------------

@@ -325,3 +325,25 @@ def test_held_limits_beyond_the_apis_byte_bound_are_reported_as_none():
     assert (entry.hard_limit_bytes, entry.soft_limit_bytes, entry.current_used_bytes) == (None, None, None)
     api = LimitEntry(G0, "Applied", ML.REASON_APPLIED, held=HeldLimits(GIB, MAX_BYTES, 2 * GIB)).to_api()
     assert (api.hard_limit_bytes, api.soft_limit_bytes, api.current_used_bytes) == (MAX_BYTES, GIB, 2 * GIB)
+
+
+def test_the_probe_reads_the_agents_own_pod_cgroup_else_its_process_cgroup(node):
+    node.fake.cgroups = {"/sys/fs/cgroup/system.slice/agent.service"}
+    node.caps.own_cgroup = "/system.slice/agent.service"
+    node.reconcile()
+    assert node.caps.support[G0].supported
+    node.add(pod(B))
+    node.caps.own_pod_uid, node.now[0] = B, node.now[0] + node.caps.probe_interval_s
+    node.reconcile()  # B's cgroup is not one NVML knows here: the probe asked there
+    assert node.caps.support[G0].reason == ML.REASON_PROBE_FAILED
+
+
+def test_own_cgroup_of_a_process(tmp_path):
+    from vramguard_agent.agent import own_cgroup
+
+    f = tmp_path / "cgroup"
+    f.write_text("0::/system.slice/vramguard-agent.service\n")
+    assert own_cgroup(f) == "/system.slice/vramguard-agent.service"
+    f.write_text("12:memory:/x\n0::/\n")  # hybrid: no single unified line
+    assert own_cgroup(f) is None
+    assert own_cgroup(tmp_path / "missing") is None

@@ -136,3 +136,18 @@ def test_the_agent_counts_memory_limit_calls(tmp_path):
         if s.name.endswith("_total")
     }
     assert calls[("set", "ok")] == 1 and calls[("get", "ok")] >= 2  # probe, start read, read-back
+
+
+def test_a_change_of_limits_is_a_change_of_the_reports_shape(tmp_path):
+    """The operator waits on the applied state: it is written at once, not at the next heartbeat."""
+    from vramguard_agent.publish import PublishPolicy, decide, digest
+
+    sampler, backend = make(tmp_path, enforce=False)
+    first = sampler.sample()
+    sampler.caps.enforce = True  # type: ignore[union-attr]
+    second = sampler.sample()
+    policy = PublishPolicy()
+    decision = decide(digest(first.report), 0.0, digest(second.report), policy.min_interval_s, policy)
+    assert decision.write
+    assert digest(second.report).shape != digest(first.report).shape
+    assert digest(sampler.sample().report).shape == digest(second.report).shape  # steady: no write

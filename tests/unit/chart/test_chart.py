@@ -48,7 +48,7 @@ NODE_POLICY = "vramguard-agent-own-node"
 STATE_POLICY = "vramguard-operator-pod-state"
 WRITES_POLICY = "vramguard-operator-pod-writes"
 STATE_KEYS = ["vramguard.io/violations", "vramguard.io/violation", "vramguard.io/original-cpu",
-              "vramguard.io/limits", "vramguard.io/injected"]
+              "vramguard.io/limits", "vramguard.io/memory-limits", "vramguard.io/injected"]
 
 @pytest.fixture(scope="module")
 def default() -> list[dict[str, Any]]:
@@ -517,6 +517,7 @@ def test_default_warning_ratio_is_85_percent():
     ({"agent.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution": None},
      "missing property 'requiredDuringSchedulingIgnoredDuringExecution'"),
     ({"agent.privileged": True}, "/agent"),
+    ({"agent.enforceCaps": "yes"}, "/agent/enforceCaps"),
     ({"agent.resources.limits.memory": "lots"}, "/agent/resources/limits/memory"),
     ({"operator.podDisruptionBudget.maxUnavailable": 0},
      "/operator/podDisruptionBudget/maxUnavailable"),
@@ -589,3 +590,40 @@ def test_readme_chart_commands_are_those_the_tests_run():
              for c in doc_commands(block)
              if "charts/vramguard" in c or NAMESPACE in c]
     assert [c for c in shown if c not in run] == []
+
+
+# --- agent.enforceCaps ---------------------------------------------------------
+
+
+def test_enforce_caps_grants_exactly_root_sys_admin_and_the_writable_cgroup_tree(default):
+    """What NVML needs to set memory limits, and nothing else (docs/agent.md, "Memory limits")."""
+    off = one(default, "DaemonSet")
+    on = one(render({"agent.enforceCaps": True}), "DaemonSet")
+    assert "--enforce-caps" not in container(off)["args"] and "--enforce-caps" in container(on)["args"]
+    spec, c = pod_spec(on), container(on)
+    assert spec["securityContext"]["runAsUser"] == 0 and spec["securityContext"]["runAsNonRoot"] is False
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    # The API server refuses SYS_ADMIN with allowPrivilegeEscalation false.
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is True
+    assert sc["readOnlyRootFilesystem"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    mounts = [(m["name"], m["mountPath"], m.get("readOnly", False)) for m in c["volumeMounts"]]
+    assert ("host-cgroup", "/sys/fs/cgroup", False) in mounts and ("host-cgroup", "/host/sys/fs/cgroup", True) in mounts
+    # Same host paths, same node access otherwise.
+    assert spec["volumes"] == pod_spec(off)["volumes"]
+    assert {k: v for k, v in spec.items() if k != "securityContext" and k != "containers"} == {
+        k: v for k, v in pod_spec(off).items() if k != "securityContext" and k != "containers"
+    }
+    assert {m["mountPath"] for m in c["volumeMounts"]} - {m["mountPath"] for m in container(off)["volumeMounts"]} == {
+        "/sys/fs/cgroup"
+    }
+
+
+def test_enforce_caps_command_line_is_accepted_by_the_agent_cli():
+    settings = pytest.importorskip("vramguard_agent.settings")
+    c = container(one(render({"agent.enforceCaps": True}), "DaemonSet"))
+    assert settings.parse(c["args"], env={"NODE_NAME": "gpu-1"}).params["enforce_caps"] is True
+
+
+def test_agent_knows_its_own_pod_uid(default):
+    assert env(container(one(default, "DaemonSet")))["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}

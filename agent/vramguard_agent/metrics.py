@@ -213,7 +213,7 @@ def _limit_families(snap: Snapshot) -> Iterator[Metric]:
         [*labels, "state"],
     )
     for p in status.pods:
-        for e in p.memory_limits:
+        for e in p.memory_limits or []:
             pod = [p.namespace or "", p.name or p.uid, node, e.uuid]
             applied.add_metric([*pod, e.state], 1 if e.state == "Applied" else 0)
             if e.hard_limit_bytes is not None:

@@ -114,7 +114,9 @@ def digest(report: Report) -> Digest:
         )
         amounts += (p.vram_bytes, p.ram_working_set_bytes)
         if p.memory_limits or p.memory_limits_error:
-            limits = tuple((e.uuid, e.state, e.reason, e.hard_limit_bytes, e.soft_limit_bytes) for e in p.memory_limits)
+            limits = tuple(
+                (e.uuid, e.state, e.reason, e.hard_limit_bytes, e.soft_limit_bytes) for e in p.memory_limits or []
+            )
             shape.append((limits, p.memory_limits_error))
         for du in p.devices:
             shape.append((du.uuid, du.used_bytes is None))

@@ -368,7 +368,7 @@ def _pod_usage(p: PodEntry) -> PodUsage:
             for c in p.containers
         ],
         trend=p.trend,
-        memoryLimits=[e.to_api() for e in p.memory_limits],
+        memoryLimits=[e.to_api() for e in p.memory_limits] or None,
         memoryLimitsError=p.memory_limits_error,
     )
 

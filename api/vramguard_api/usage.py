@@ -215,11 +215,12 @@ class PodUsage(APIModel):
     devices: list[DeviceUsage] = Field(default_factory=list, max_length=MAX_DEVICES, description="VRAM per device.")
     containers: list[ContainerUsage] = Field(default_factory=list, max_length=64, description="Usage per container.")
     trend: TrendFeatures | None = Field(default=None, description="VRAM trend features for leak detection.")
-    memory_limits: list[PodMemoryLimit] = Field(
-        default_factory=list,
+    memory_limits: list[PodMemoryLimit] | None = Field(
+        default=None,
         alias="memoryLimits",
         max_length=MAX_DEVICES,
-        description="Driver-enforced memory limits per device: wanted by the annotation or held by the driver.",
+        description="Driver-enforced memory limits per device, wanted by the annotation or held by the driver; "
+        "absent when there are none.",
     )
     memory_limits_error: str | None = Field(
         default=None,

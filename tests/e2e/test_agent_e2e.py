@@ -147,6 +147,11 @@ def expected_status(pods: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "processBytes": used,
             "processesComplete": True,
             "health": "Healthy",
+            # Driver 570: per-cgroup memory limits need r615 (NVML has no such symbol).
+            "memoryLimits": "Unsupported",
+            "memoryLimitsReason": "DriverTooOld",
+            "memoryLimitsMessage": "nvmlDeviceGetMemoryLimits_v1: NVMLError_FunctionNotFound: Function Not Found "
+            "(driver 570.133.20 is older than r615)",
         }
 
     def pod(name: str, vram: int, ram: int, oom: int, devices: list, containers: list) -> dict[str, Any]:
@@ -333,4 +338,116 @@ def test_agent_reports_the_scenario_for_real_pods(cluster, namespace, fake_node,
         log.close()
         if code != 0:
             print((tmp_path / "agent.log").read_text()[-5000:])
+    assert code == 0
+
+
+# --- driver-enforced memory limits -------------------------------------------------
+
+
+def start_agent(node: str, scenario_file: Path, port: int, log: Any, cluster, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}", "KUBECONFIG": cluster.kubeconfig}
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "vramguard_agent", "run",
+            "--backend", "sim", "--scenario", str(scenario_file), "--node", node,
+            "--sample-interval", "1s", "--heartbeat", "3s", "--min-report-interval", "1s",
+            "--metrics-address", f"127.0.0.1:{port}", "--log-level", "DEBUG", *extra,
+        ],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def stop(agent: subprocess.Popen) -> int | None:
+    agent.send_signal(signal.SIGTERM)
+    try:
+        return agent.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        return None
+
+
+def limits_of(cluster, node: str, pod: str) -> list[dict[str, Any]] | None:
+    ngu = get_ngu(cluster, node)
+    for p in (ngu or {}).get("status", {}).get("pods", []):
+        if p.get("name") == pod:
+            return p.get("memoryLimits", [])  # absent: none
+    return None
+
+
+def set_calls(port: int) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    line = 'vramguard_agent_memory_limit_calls_total{operation="set",result="ok"}'
+    return next((float(x.split()[-1]) for x in body.splitlines() if x.startswith(line)), 0.0)
+
+
+def test_agent_applies_reports_and_clears_a_pods_memory_limits(cluster, namespace, fake_node, tmp_path):
+    """The operator's annotation on a real pod reaches the (simulated) driver through the
+    agent, is reported applied, and is cleared when the annotation goes; a bad one is refused."""
+    node = fake_node
+    spec = scenario(node, namespace)
+    spec["nodes"][0]["driverVersion"] = "615.12.03"
+    scenario_file = tmp_path / "scenario.yaml"
+    scenario_file.write_text(yaml.safe_dump(spec))
+    port = free_port()
+    log = (tmp_path / "agent.log").open("w")
+    agent = start_agent(node, scenario_file, port, log, cluster, "--enforce-caps")
+    want = {UUIDS[0]: {"hardLimit": 24 * GIB, "softLimit": 10 * GIB}}
+    try:
+        create_pods(cluster, namespace, node)
+        ngu = wait_for(lambda: get_ngu(cluster, node), timeout=60, what="the first NodeGPUUsage")
+        assert {d["memoryLimits"] for d in ngu["status"]["devices"]} == {"Supported"}
+        assert ngu["status"]["agent"]["enforceCaps"] is True
+        annotation = json.dumps(want, separators=(",", ":"))
+        cluster.kubectl("annotate", "pod", "llm", "-n", namespace, f"vramguard.io/memory-limits={annotation}")
+        (applied,) = wait_for(
+            lambda: (got := limits_of(cluster, node, "llm")) and got[0]["state"] == "Applied" and got,
+            timeout=60, what="the llm pod's limits to be applied",
+        )  # fmt: skip
+        assert (applied["uuid"], applied["hardLimitBytes"], applied["softLimitBytes"]) == (
+            UUIDS[0], 24 * GIB, 10 * GIB,
+        )  # fmt: skip
+        assert limits_of(cluster, node, "trainer") == []  # the neighbour is untouched
+        time.sleep(3)  # a few more samples: held, so never set again
+        assert set_calls(port) == 1
+
+        cluster.kubectl("annotate", "pod", "trainer", "-n", namespace, "vramguard.io/memory-limits=not json")
+        wait_for(
+            lambda: any(
+                p.get("name") == "trainer" and "not JSON" in p.get("memoryLimitsError", "")
+                for p in (get_ngu(cluster, node) or {}).get("status", {}).get("pods", [])
+            ),
+            timeout=30, what="the refused annotation to be reported",
+        )  # fmt: skip
+
+        cluster.kubectl("annotate", "pod", "llm", "-n", namespace, "vramguard.io/memory-limits-")
+        wait_for(lambda: limits_of(cluster, node, "llm") == [], timeout=30, what="the limits to be cleared")
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'vramguard_agent_memory_limit_calls_total{operation="clear",result="ok"} 1.0' in body
+    finally:
+        code = stop(agent)
+        log.close()
+        if code != 0:
+            print((tmp_path / "agent.log").read_text()[-5000:])
+    assert code == 0
+
+
+def test_agent_without_enforce_caps_reports_support_and_applies_nothing(cluster, namespace, fake_node, tmp_path):
+    node = fake_node
+    spec = scenario(node, namespace)
+    spec["nodes"][0]["driverVersion"] = "615.12.03"
+    scenario_file = tmp_path / "scenario.yaml"
+    scenario_file.write_text(yaml.safe_dump(spec))
+    port = free_port()
+    log = (tmp_path / "agent.log").open("w")
+    agent = start_agent(node, scenario_file, port, log, cluster)
+    try:
+        create_pods(cluster, namespace, node)
+        want = json.dumps({UUIDS[0]: {"hardLimit": 24 * GIB}}, separators=(",", ":"))
+        cluster.kubectl("annotate", "pod", "llm", "-n", namespace, f"vramguard.io/memory-limits={want}")
+        (entry,) = wait_for(lambda: limits_of(cluster, node, "llm"), timeout=60, what="the llm pod's limits entry")
+        assert (entry["state"], entry["reason"]) == ("Disabled", "EnforcementDisabled")
+        assert "hardLimitBytes" not in entry and set_calls(port) == 0
+    finally:
+        code = stop(agent)
+        log.close()
     assert code == 0

@@ -73,7 +73,7 @@ def test_status_reports_support_and_the_applied_limits(tmp_path):
         6 * GIB,
         GIB,
     )
-    assert by_name["free"].memory_limits == [] and status.agent.enforce_caps is True
+    assert by_name["free"].memory_limits is None and status.agent.enforce_caps is True
     # On the pod's cgroup, under the host's cgroup root as NVML names it.
     (namespace,) = backend.fake.memory_limits[device.uuid]
     assert namespace.startswith("/sys/fs/cgroup/kubepods.slice/") and namespace.endswith(".slice")

@@ -604,8 +604,7 @@ def test_enforce_caps_grants_exactly_root_sys_admin_and_the_writable_cgroup_tree
     assert spec["securityContext"]["runAsUser"] == 0 and spec["securityContext"]["runAsNonRoot"] is False
     sc = c["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
-    # The API server refuses SYS_ADMIN with allowPrivilegeEscalation false.
-    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is True
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}
     mounts = [(m["name"], m["mountPath"], m.get("readOnly", False)) for m in c["volumeMounts"]]
     assert ("host-cgroup", "/sys/fs/cgroup", False) in mounts and ("host-cgroup", "/host/sys/fs/cgroup", True) in mounts

@@ -8,10 +8,10 @@ sample, ``CapEnforcer.reconcile``
    ``probe_interval_s``) and records the answer on the sample's devices;
 2. with ``enforce`` off stops there: wanted limits are reported ``Disabled``;
 3. waits for the first list of the node's pods (no action on unknown wants);
-4. once, reads what the driver holds for every GPU pod and every pod with the
-   annotation on every supported device, so that a restarted agent knows the
-   limits it (or its predecessor) set: a restart neither loses nor duplicates a
-   cap;
+4. once per device (at start, or when the device first answers), reads what
+   the driver holds for every GPU pod and every pod with the annotation, so
+   that a restarted agent knows the limits it (or its predecessor) set: a
+   restart neither loses nor duplicates a cap;
 5. sets what is wanted and not held, clears what is held and no longer wanted
    (annotation removed or pod deleted; a removed cgroup clears its limits by
    itself), reads every change back, and re-reads settled limits every
@@ -81,10 +81,9 @@ class CapEnforcer:
         self.support: dict[str, MemoryLimitsSupport] = {}
         self._probed_at: dict[str, float] = {}
         self.held: dict[Key, HeldLimits] = {}
-        self._namespaces: dict[Key, str] = {}  # where each held limit is (its pod may be gone)
         self._verified_at: dict[Key, float] = {}
         self._problems: dict[Key, tuple[str, str]] = {}  # key -> (reason, message) of a Failed entry
-        self._swept = False
+        self._swept: set[str] = set()  # devices whose held limits were read once
         self._last: dict[str, PodLimits] = {}
 
     def namespace(self, relative: str) -> str:
@@ -122,12 +121,14 @@ class CapEnforcer:
             return result
         if not self.pods_synced():
             return self._last  # no want is known yet: change nothing
-        needed = uids(wanted) | uids(self.held) | (set() if self._swept else {u for u, m in metas.items() if m.gpu})
-        cgroups = {uid: self.namespace(path) for uid in sorted(needed) if (path := cgroup_path(uid)) is not None}
         supported = [u for u, s in self.support.items() if s.supported and u in devices]
-        if not self._swept:
-            self._sweep(metas, wanted, supported, devices, cgroups)
-        self._forget(devices, cgroups)
+        unswept = [u for u in supported if u not in self._swept]
+        gpu_pods = {u for u, m in metas.items() if m.gpu} if unswept else set()
+        needed = uids(wanted) | uids(self.held) | gpu_pods
+        cgroups = {uid: self.namespace(path) for uid in sorted(needed) if (path := cgroup_path(uid)) is not None}
+        if unswept:
+            self._sweep(gpu_pods | uids(wanted), unswept, devices, cgroups)
+        self._forget({d.uuid for d in gpu.devices}, cgroups)
         for step in decide(wanted, self.held, supported, cgroups, unknown=errors):
             self._apply(step, devices[step.key[1]], cgroups[step.key[0]])
         self._verify(wanted, devices, cgroups)
@@ -163,23 +164,18 @@ class CapEnforcer:
     # --- reading what the driver holds -------------------------------------------
 
     def _sweep(
-        self,
-        metas: Mapping[str, PodMeta],
-        wanted: Mapping[Key, ML.DeviceMemoryLimit],
-        supported: list[str],
-        devices: Mapping[str, DeviceSample],
-        cgroups: Mapping[str, str],
+        self, candidates: set[str], unswept: list[str], devices: Mapping[str, DeviceSample], cgroups: Mapping[str, str]
     ) -> None:
-        """Read, once, what the driver holds for every GPU pod and every pod with wants."""
-        candidates = sorted({uid for uid, m in metas.items() if m.gpu} | uids(wanted))
-        for uid in candidates:
-            if uid not in cgroups:
-                continue
-            for uuid in supported:
-                self._read((uid, uuid), devices[uuid], cgroups[uid])
-        self._swept = True
-        if self.held:
-            log.info("memory limits held at start: %s", ", ".join(f"{u}@{d}" for u, d in sorted(self.held)))
+        """Read, once per device, what the driver holds for every GPU pod and every pod
+        with wants (at start, or when a device first answers)."""
+        for uuid in unswept:
+            for uid in sorted(candidates):
+                if uid in cgroups:
+                    self._read((uid, uuid), devices[uuid], cgroups[uid])
+            self._swept.add(uuid)
+        found = sorted(k for k in self.held if k[1] in unswept)
+        if found:
+            log.info("memory limits the driver holds: %s", ", ".join(f"pod {u} on {d}" for u, d in found))
 
     def _read(self, key: Key, device: DeviceSample, namespace: str) -> HeldLimits | None:
         """What the driver holds for ``key``, remembered; None when the get failed (a
@@ -199,19 +195,17 @@ class CapEnforcer:
         if held.is_clear:
             self.held.pop(key, None)
         else:
-            self.held[key], self._namespaces[key] = held, namespace
+            self.held[key] = held
         return held
 
-    def _forget(self, devices: Mapping[str, DeviceSample], cgroups: Mapping[str, str]) -> None:
-        """Drop held limits whose device or cgroup is gone (a removed cgroup clears its own)."""
-        for key in [k for k in self.held if k[1] not in devices or k[0] not in cgroups]:
-            log.info(
-                "memory limits of pod %s on %s: forgotten (%s gone)",
-                *key,
-                "device" if key[1] not in devices else "cgroup",
-            )
+    def _forget(self, present: set[str], cgroups: Mapping[str, str]) -> None:
+        """Drop held limits whose device is gone from NVML's list (a lost GPU keeps its
+        entry) or whose cgroup is gone (a removed cgroup clears its own limits)."""
+        self._swept &= present
+        for key in [k for k in self.held if k[1] not in present or k[0] not in cgroups]:
+            why = "device" if key[1] not in present else "cgroup"
+            log.info("memory limits of pod %s on %s: forgotten (%s gone)", *key, why)
             self.held.pop(key)
-            self._namespaces.pop(key, None)
 
     # --- changing it ---------------------------------------------------------------
 

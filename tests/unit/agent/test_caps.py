@@ -73,7 +73,9 @@ class Node:
             self.cgroups[meta.uid] = rel(meta.uid)
 
     def reconcile(self) -> dict[str, list[tuple[str, str, str]]]:
-        sample = NVMLBackend(self.fake).sample()
+        if not hasattr(self, "backend"):
+            self.backend = NVMLBackend(self.fake)  # one per node: it remembers a lost GPU's UUID
+        sample = self.backend.sample()
         self.devices = {d.uuid: d for d in sample.devices}
         result = self.caps.reconcile(sample, self.pods, self.cgroups.get, cgroup_v2=True)
         self.result = result
@@ -347,3 +349,27 @@ def test_own_cgroup_of_a_process(tmp_path):
     f.write_text("12:memory:/x\n0::/\n")  # hybrid: no single unified line
     assert own_cgroup(f) is None
     assert own_cgroup(tmp_path / "missing") is None
+
+
+def test_a_device_that_answers_only_later_is_read_then_and_its_stale_limits_cleared(node):
+    node.fake.memory_limits = {G0: {ns(A): (0, 30 * GIB)}}
+    node.fake.gpus[0].memory_limits_error = pynvml.NVML_ERROR_UNKNOWN  # the probe fails at start
+    node.add(pod(A))
+    node.reconcile()
+    assert not node.caps.support[G0].supported and node.held() == {ns(A): (0, 30 * GIB)}
+    node.fake.gpus[0].memory_limits_error = None
+    node.now[0] += node.caps.probe_interval_s
+    node.reconcile()
+    assert node.held() == {}
+
+
+def test_a_lost_gpu_keeps_what_it_holds_in_mind(node):
+    node.add(pod(A, annotation(g0=DeviceMemoryLimit(hard_limit=20 * GIB))))
+    node.reconcile()
+    node.fake.gpus[0].lost = True
+    assert node.reconcile() == {A: [(G0, "Pending", ML.REASON_DEVICE_NOT_FOUND)]}
+    assert (A, G0) in node.caps.held
+    node.fake.gpus[0].lost = False
+    node.add(pod(A))  # the annotation went while the GPU was lost
+    node.reconcile()
+    assert node.held() == {}

@@ -130,7 +130,8 @@ class CapEnforcer:
             self._sweep(gpu_pods | uids(wanted), unswept, devices, cgroups)
         self._forget({d.uuid for d in gpu.devices}, cgroups)
         for step in decide(wanted, self.held, supported, cgroups, unknown=errors):
-            self._apply(step, devices[step.key[1]], cgroups[step.key[0]])
+            if self.support[step.key[1]].supported:  # an earlier step may have found the device cannot
+                self._apply(step, devices[step.key[1]], cgroups[step.key[0]])
         self._verify(wanted, devices, cgroups)
         self._last = self._entries(wanted, devices, cgroups, result, refused=errors)
         return self._last

@@ -373,3 +373,12 @@ def test_a_lost_gpu_keeps_what_it_holds_in_mind(node):
     node.add(pod(A))  # the annotation went while the GPU was lost
     node.reconcile()
     assert node.held() == {}
+
+
+def test_one_refusal_for_the_device_stops_the_other_pods_sets_in_that_pass(node):
+    node.fake.privileged = False
+    node.add(pod(A, annotation(g0=DeviceMemoryLimit(hard_limit=20 * GIB))))
+    node.add(pod(B, annotation(g0=DeviceMemoryLimit(hard_limit=20 * GIB))))
+    node.reconcile()
+    assert node.sets() == 1
+    assert {e.state for p in node.result.values() for e in p.entries} == {"Unsupported"}

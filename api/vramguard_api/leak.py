@@ -30,6 +30,7 @@ Outline of :func:`detect_leak`:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -475,10 +476,28 @@ def _longest_excursion(ft: np.ndarray, fv: np.ndarray) -> float:
 
 
 def _time_to_limit(rise: Rise, limit_bytes: float | None) -> float | None:
-    if (
-        limit_bytes is None
-        or rise.growth_low_bytes_per_hour <= 0
-        or rise.growth_bytes_per_hour <= 0
-    ):
+    """The projection from the recent peak, only for significant growth."""
+    if rise.growth_low_bytes_per_hour <= 0:
         return None
-    return max(0.0, (float(limit_bytes) - rise.peak_bytes) / rise.growth_bytes_per_hour * HOUR)
+    return seconds_to_limit(rise.peak_bytes, limit_bytes, rise.growth_bytes_per_hour)
+
+
+def seconds_to_limit(
+    start_bytes: float, limit_bytes: float | None, growth_bytes_per_hour: float | None
+) -> float | None:
+    """Seconds until memory at ``start_bytes`` reaches ``limit_bytes``, growing
+    linearly at ``growth_bytes_per_hour``; 0 when it is already there; None
+    without a limit, without positive growth, or when the result is not finite.
+
+    The one exhaustion projection. :func:`detect_leak` projects from the recent
+    peak of the series it holds (the OOM comes at the top of a sawtooth); the
+    operator's leak rule has only the node report, and projects from the pod's
+    latest VRAM.
+    """
+    if limit_bytes is None or growth_bytes_per_hour is None or growth_bytes_per_hour <= 0:
+        return None
+    headroom = limit_bytes - start_bytes
+    if headroom <= 0:
+        return 0.0
+    seconds = headroom / growth_bytes_per_hour * HOUR
+    return seconds if math.isfinite(seconds) else None

@@ -12,13 +12,16 @@ rejected before anything is converted.
 Durations follow Go's ``time.ParseDuration``, its grammar (restricted to
 non-negative values with units, ``DURATION_PATTERN``) and its arithmetic:
 whole nanoseconds, fractions through float64 as Go computes them, so that the
-API server's CEL ``duration()`` and this module agree on every value.
+API server's CEL ``duration()`` and this module agree on every value. They
+are written back the same way (``format_duration``; ``format_seconds`` for
+people), and bytes with ``format_bytes``.
 
 Bounds on API fields (VRAM limits, delays) live in :mod:`vramguard_api.bounds`.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import ROUND_CEILING, ROUND_UP, Decimal, localcontext
 
@@ -195,9 +198,26 @@ def format_duration(ns: int) -> str:
     """Format whole nanoseconds as a compact Go-style duration (``"720h"``, ``"1h30m"``, ``"0s"``)."""
     hours, rest = divmod(ns, 3600 * 10**9)
     minutes, rest = divmod(rest, 60 * 10**9)
-    seconds = f"{Decimal(rest) / 10**9:f}".rstrip("0").rstrip(".") if rest else ""
+    seconds = f"{Decimal(rest) / 10**9:f}" if rest else ""
+    if "." in seconds:  # only a fraction's trailing zeros go: 30s stays 30s
+        seconds = seconds.rstrip("0").rstrip(".")
     text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "") + (f"{seconds}s" if seconds else "")
     return text or "0s"
+
+
+def format_seconds(seconds: float) -> str:
+    """Format a duration in seconds for people: :func:`format_duration`'s text of
+    it truncated to whole minutes from an hour up, to whole seconds below
+    (``"1h2m"``, ``"4m30s"``, ``"42s"``, ``"0s"``).
+
+    The one way vramguard shows a duration (Events, ``vramguard analyze``, the
+    demo); truncated, so a projected time to a limit is never rounded up.
+    Raises ``ValueError`` naming the value when it is negative or not finite.
+    """
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"duration: want a finite number of seconds >= 0, got {seconds!r}")
+    s = int(seconds)
+    return format_duration((s - s % 60 if s >= 3600 else s) * 1_000_000_000)
 
 
 def format_bytes(value: int | float | None) -> str:

@@ -50,7 +50,8 @@ import yaml  # noqa: E402
 from children import Children, free_port  # noqa: E402
 from cluster import Cluster  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
-from view import span  # noqa: E402
+
+from vramguard_api.units import format_seconds  # noqa: E402
 
 TABLE_EVERY_S = 30.0  # the table in a log (not a terminal), wall clock
 REDRAW_EVERY_S = 2.0  # the screen in a terminal
@@ -86,7 +87,7 @@ class Demo:
 
     def say(self, text: str) -> None:
         if not (self.tty and self.live_on):
-            print(f"[{span(time.monotonic() - self.t_start):>6}] {text}", flush=True)
+            print(f"[{format_seconds(time.monotonic() - self.t_start):>6}] {text}", flush=True)
 
     # -- the cluster
 
@@ -168,8 +169,8 @@ class Demo:
 
     def header(self) -> str:
         t = self.now_s()
-        left = "until Ctrl-C" if self.args.keep else f"{span(max(0.0, self.duration_s - t))} left"
-        return (f"vramguard demo   t+{span(t)}   scenario time ~{span(t * self.speed)} ({self.speed:g}x)   "
+        left = "until Ctrl-C" if self.args.keep else f"{format_seconds(max(0.0, self.duration_s - t))} left"
+        return (f"vramguard demo   t+{format_seconds(t)}   scenario time ~{format_seconds(t * self.speed)} ({self.speed:g}x)   "
                 f"{left}")
 
     def live(self) -> None:
@@ -205,7 +206,7 @@ class Demo:
         mismatch = P.check(self.sc.expect, results)
         t = self.now_s()
         print(f"\n{self.header()}\n{self.table()}\n", flush=True)
-        print(f"== Summary: {span(t)} of wall-clock time, ~{span(t * self.speed)} of scenario time "
+        print(f"== Summary: {format_seconds(t)} of wall-clock time, ~{format_seconds(t * self.speed)} of scenario time "
               f"({self.speed:g}x) ==")
         budget_events = P.budget_only_events(events)
         view.print_outcomes(results, budget_events, self.wall_agents)
@@ -214,7 +215,7 @@ class Demo:
         # Shorter than the scenario's shortest length (--duration, Ctrl-C): too early to judge.
         judged = t >= self.sc.short_duration_s - 1
         if bad and not judged:
-            print(f"The run was shorter than the scenario's {span(self.sc.short_duration_s)}: "
+            print(f"The run was shorter than the scenario's {format_seconds(self.sc.short_duration_s)}: "
                   "its expectations are not checked.")
             bad = {}
         elif bad:
@@ -253,7 +254,7 @@ class Demo:
         self.cluster.create_workloads(self.sc, self.args.verbose)
         self.resolved = self.wait_for_pods()
         self.start_processes(self.resolved)
-        self.say("live view" + (" until Ctrl-C" if self.args.keep else f" for {span(self.duration_s)}")
+        self.say("live view" + (" until Ctrl-C" if self.args.keep else f" for {format_seconds(self.duration_s)}")
                  + ": vramguard's Events as they happen" + ("" if self.tty else f", the table every {TABLE_EVERY_S:.0f}s"))
         self.live_on = self.live_started = True
         try:

@@ -15,16 +15,6 @@ from vramguard_operator.cli.top.render import render as top_render
 from vramguard_operator.cli.top.rows import build_rows
 
 
-def span(seconds: float) -> str:
-    """``1h05m``, ``4m30s``, ``42s``."""
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
-
-
 class EventFeed:
     """Every Event the run saw (by uid) and which of them, at which count, were shown."""
 

@@ -28,7 +28,7 @@ from vramguard_api.leak import (
     LeakResult,
     detect_leak,
 )
-from vramguard_api.units import format_bytes
+from vramguard_api.units import format_bytes, format_seconds
 
 EXIT_NO_LEAK, EXIT_LEAK, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -141,7 +141,7 @@ def to_json(series: Series, result: LeakResult) -> dict[str, object]:
 def describe(series: Series, result: LeakResult, limit: int | None) -> str:
     """The human-readable verdict on one series."""
     span = series.times[-1] - series.times[0] if series.times else 0.0
-    lines = [f"{series.label}: {len(series.times)} samples over {_human_seconds(span)}"]
+    lines = [f"{series.label}: {len(series.times)} samples over {format_seconds(span)}"]
     growth = (
         f"growth {format_bytes(result.growth_bytes_per_hour)}/h "
         f"(95% lower bound {format_bytes(result.growth_low_bytes_per_hour)}/h)"
@@ -152,7 +152,7 @@ def describe(series: Series, result: LeakResult, limit: int | None) -> str:
         lines.append(f"  leak: no, {growth}")
     if limit is not None:
         ttl = result.time_to_limit_seconds
-        eta = "not projected (no significant growth)" if ttl is None else _human_seconds(ttl)
+        eta = "not projected (no significant growth)" if ttl is None else format_seconds(ttl)
         lines.append(f"  time to limit {format_bytes(limit)}: {eta}")
     return "\n".join(lines)
 
@@ -338,7 +338,3 @@ def _when(series: Series, t: float) -> str:
     return f"{series.origin + timedelta(seconds=t):%Y/%m/%d %H:%M:%S} (t={t:g}s)"
 
 
-def _human_seconds(seconds: float) -> str:
-    minutes = int(round(seconds / 60))
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"

@@ -1,13 +1,13 @@
 """Pure construction of a GPUMemoryBudget's desired status: conditions with
 stable ``lastTransitionTime``, usage display strings, and a change test for the
-status writer."""
+status writer (``engine.status`` builds the whole status from these)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudgetStatus
@@ -108,6 +108,14 @@ def display(used: int | None, limit: int | None) -> str | None:
     return format_bytes(used) if limit is None else f"{format_bytes(used)}/{format_bytes(limit)}"
 
 
-def status_changed(current: GPUMemoryBudgetStatus | None, desired: GPUMemoryBudgetStatus) -> bool:
-    """Whether the status writer must write ``desired`` (compares the API forms)."""
-    return current is None or current.to_api() != desired.to_api()
+def status_changed(current: GPUMemoryBudgetStatus | Mapping[str, Any] | None, desired: GPUMemoryBudgetStatus) -> bool:
+    """Whether the status writer must write ``desired``: whether its API form
+    (``to_api()``) differs from ``current``, the status as read from the API
+    server (a JSON-like mapping) or as a model (compared in its API form); None
+    (no status yet) always differs. The controller asks the same question as
+    "is the JSON merge patch from ``current`` to ``desired`` empty"
+    (``controller.kubeapi.merge_patch``)."""
+    if current is None:
+        return True
+    now = current.to_api() if isinstance(current, GPUMemoryBudgetStatus) else dict(current)
+    return now != desired.to_api()

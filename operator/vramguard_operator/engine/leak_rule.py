@@ -20,7 +20,6 @@ data: nothing opens, escalates or closes.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from vramguard_api.budget import LeakDetection
@@ -70,16 +69,3 @@ def leak_cleared(trend: TrendFeatures, th: LeakThresholds) -> bool | None:
     if holds is None or trend.growth_bytes_per_hour is None:
         return None
     return not holds and trend.growth_bytes_per_hour < th.min_growth_bytes_per_hour
-
-
-def seconds_to_limit(used_bytes: int, limit_bytes: int | None, growth_bytes_per_hour: float | None) -> float | None:
-    """Projected seconds until ``used_bytes`` reaches ``limit_bytes`` at the given
-    growth (linear projection); 0 when already there; None when it never does or
-    a figure is missing."""
-    if limit_bytes is None or growth_bytes_per_hour is None or growth_bytes_per_hour <= 0:
-        return None
-    headroom = limit_bytes - used_bytes
-    if headroom <= 0:
-        return 0.0
-    seconds = headroom / growth_bytes_per_hour * 3600
-    return seconds if math.isfinite(seconds) else None

@@ -12,19 +12,25 @@ equal (a Guaranteed pod stays Guaranteed), a request below its limit stays
 ``vramguard.io/original-cpu`` annotation and put back on recovery, but only on
 containers whose CPU limit is still a throttle target vramguard set: the
 annotation can be written by others, and must never raise a pod's CPU beyond
-what vramguard itself took away.
+what vramguard itself took away. ``restore_unthrottled`` puts the CPU back on
+pods that no violation holds at Throttle any more.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
 from decimal import Decimal
 from typing import Literal
 
 from vramguard_api.units import quantity_decimal
-from vramguard_operator.engine.types import ContainerCPU, PodFacts
+from vramguard_operator.engine import messages
+from vramguard_operator.engine.inputs import PodFacts
+from vramguard_operator.engine.keys import ANNOTATION_ORIGINAL_CPU, EVENT_RECOVERED, BudgetRef, ViolationKey
+from vramguard_operator.engine.outputs import ContainerCPU, Decision, EventSpec, Recover
+from vramguard_operator.engine.records import ViolationRecord, throttled
 
 Original = dict[str, dict[str, str | None]]
 
@@ -153,4 +159,71 @@ def plan_restore(original: Original, pod: PodFacts, targets: Collection[str]) ->
         ContainerCPU(name, res["limit"] or "", res.get("request"))
         for name, res in sorted(original.items())
         if name in at_target
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Restores:
+    """What ``restore_unthrottled`` decided: the decisions (a restore attached to
+    a pod's first Recover, or a new ``OrphanedThrottle`` Recover), the pods whose
+    ``vramguard.io/original-cpu`` annotation goes, and problems for the log."""
+
+    decisions: tuple[Decision, ...]
+    cleared: tuple[str, ...]
+    problems: tuple[str, ...]
+
+
+def restore_unthrottled(
+    pods_by_uid: Mapping[str, PodFacts],
+    pod_records: Mapping[str, Mapping[ViolationKey, ViolationRecord]],
+    new_original: Mapping[str, Original],
+    throttle_targets: Mapping[str, Collection[str]],
+    decisions: Sequence[Decision],
+    now: datetime,
+) -> Restores:
+    """Put back the CPU of pods that vramguard throttled (their annotation says
+    so, and no Throttle in this evaluation recorded it anew) and that no open
+    violation holds at Throttle or beyond any more.
+
+    Only containers whose CPU limit is the target of a violation that throttled
+    the pod are restored (``throttle_targets``): ``vramguard.io/original-cpu``
+    is an annotation anyone who can update the pod can write, and must not buy
+    more CPU than vramguard took. Otherwise the annotation is only removed."""
+    out = list(decisions)
+    cleared: list[str] = []
+    problems: list[str] = []
+    for uid, pod in pods_by_uid.items():
+        if pod.terminating or pod.phase != "Running" or ANNOTATION_ORIGINAL_CPU not in pod.annotations:
+            continue
+        if uid in new_original or any(throttled(r) for r in pod_records.get(uid, {}).values()):
+            continue
+        original = parse_original(pod.annotations[ANNOTATION_ORIGINAL_CPU]) or {}
+        restore = plan_restore(original, pod, throttle_targets.get(uid, ()))
+        cleared.append(uid)
+        left = sorted(set(original) - {c.name for c in restore})
+        if left or not original:
+            problems.append(messages.restore_problem(pod.namespace, pod.name, left))
+        if restore:
+            _attach_restore(out, pod, restore, now)
+    return Restores(tuple(out), tuple(cleared), tuple(problems))
+
+
+def _attach_restore(decisions: list[Decision], pod: PodFacts, restore: tuple[ContainerCPU, ...], now: datetime) -> None:
+    """Attach ``restore`` to the pod's first Recover without one, else add a Recover."""
+    for i, dec in enumerate(decisions):
+        if isinstance(dec, Recover) and dec.pod == pod.ref and not dec.restore:
+            decisions[i] = replace(dec, restore=restore)
+            return
+    decisions.append(
+        Recover(
+            budget=BudgetRef(pod.namespace, ""),
+            violation=ViolationKey(pod.namespace, "", "PodVRAM", pod.name),
+            pod=pod.ref,
+            time=now,
+            observed_bytes=0,
+            limit_bytes=0,
+            event=EventSpec("Normal", EVENT_RECOVERED, messages.orphaned_throttle_text(pod.name)),
+            restore=restore,
+            cause="OrphanedThrottle",
+        )
     )

@@ -15,6 +15,7 @@ from vramguard_api.units import (
     duration_ns,
     format_bytes,
     format_duration,
+    format_seconds,
     parse_duration,
     quantity_decimal,
     quantity_to_bytes,
@@ -219,6 +220,10 @@ def test_duration_errors_name_field(bad):
         (720 * 3600 * 10**9, "720h"),
         (5400 * 10**9, "1h30m"),
         (1_500_000_000, "1.5s"),
+        (30 * 10**9, "30s"),
+        (90 * 10**9, "1m30s"),
+        (3610 * 10**9, "1h10s"),
+        (10_500_000_000, "10.5s"),
         (GO_DURATION_MAX_NS, "2562047h47m16.854775807s"),
     ],
 )
@@ -231,3 +236,30 @@ def test_format_duration(ns, text):
 def test_format_bytes_round_trips_within_rounding(n):
     text = format_bytes(n)
     assert quantity_to_bytes(text) == pytest.approx(n, rel=0.05, abs=1)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (59.9, "59s"),
+        (60, "1m"),
+        (270.5, "4m30s"),
+        (3599.99, "59m59s"),
+        (3600, "1h"),
+        (3725.9, "1h2m"),
+        (60470.2, "16h47m"),
+        (100 * 3600 + 59, "100h"),
+    ],
+)
+def test_format_seconds_truncates_for_people(seconds, text):
+    assert format_seconds(seconds) == text
+    # a Go duration, the one format_duration writes, never more than the time it stands for
+    assert parse_duration(text) <= seconds
+    assert format_duration(duration_ns(text)) == text
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan")])
+def test_format_seconds_refuses_what_is_no_duration(bad):
+    with pytest.raises(ValueError, match="duration"):
+        format_seconds(bad)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramguard_api.leak import seconds_to_limit
 from vramguard_api.trend import TrendFeatures
-from vramguard_operator.engine.leak_rule import LeakThresholds, leak_cleared, leak_holds, seconds_to_limit
+from vramguard_operator.engine.leak_rule import LeakThresholds, leak_cleared, leak_holds
 
 from .builders import GI, MI, budget, pod, simulate, steps, vram
 

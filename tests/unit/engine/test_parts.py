@@ -8,7 +8,7 @@ import pytest
 
 from vramguard_api.meta import LabelSelector
 from vramguard_api.policy import GPUMemoryPolicy
-from vramguard_operator.engine.escalation import merge_records, records_from_annotation, records_to_annotation
+from vramguard_operator.engine.records import merge_records, records_from_annotation, records_to_annotation
 from vramguard_operator.engine.selectors import compile_selector
 from vramguard_operator.engine.throttle import parse_original, plan_restore, plan_throttle
 from vramguard_operator.engine.types import (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from vramguard_operator.engine.budget_status import status_changed
 from vramguard_operator.engine.types import EngineConfig
 
@@ -70,6 +72,16 @@ def test_status_unchanged_when_nothing_changed():
     out = run(budgets, pods, [report("node-a", at(30), {"w0": vram(41.5)})], at(30))
     assert status_changed(budgets[0].status, out.statuses[0].status)
     assert status_changed(None, out.statuses[0].status)
+
+
+def test_status_changed_compares_with_the_status_as_read_from_the_api():
+    b = budget(per_pod={"vram": "40Gi"})
+    _, budgets, pods = simulate([b], [pod("w0")], [(0, {"w0": vram(41)})])
+    as_read = json.loads(json.dumps(budgets[0].status.to_api()))  # what the API server returns
+    out = run(budgets, pods, [report("node-a", at(30), {"w0": vram(41)})], at(30))
+    assert not status_changed(as_read, out.statuses[0].status)
+    out = run(budgets, pods, [report("node-a", at(30), {"w0": vram(41.5)})], at(30))
+    assert status_changed(as_read, out.statuses[0].status)
 
 
 def test_warning_threshold_event_and_condition():

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vramguard_api.leak import LeakResult, detect_leak, leak_from_trend
+from vramguard_api.leak import (
+    LeakResult,
+    current_segment,
+    detect_leak,
+    fit_rise,
+    leak_from_trend,
+    seconds_to_limit,
+    validate_series,
+)
 from vramguard_api.trend import compute_trend
 
 from .corpus import names, trace
@@ -85,6 +93,16 @@ def test_limit_already_reached_projects_zero():
     t, v = series(90, rate_mib_h=2048, seed=4)
     result = detect_leak(t, v, limit_bytes=20 * GIB)
     assert result.leak and result.time_to_limit_seconds == 0.0
+
+
+def test_the_projection_is_the_shared_one_from_the_recent_peak():
+    t, v = series(150, rate_mib_h=300, onset_min=60, saw_gib=8, seed=1)
+    rise = fit_rise(*current_segment(*validate_series(t, v)))
+    assert rise is not None
+    result = detect_leak(t, v, limit_bytes=40 * GIB)
+    shared = seconds_to_limit(rise.peak_bytes, 40 * GIB, rise.growth_bytes_per_hour)
+    assert result.time_to_limit_seconds == shared
+    assert seconds_to_limit(rise.peak_bytes, float("inf"), rise.growth_bytes_per_hour) is None
 
 
 def test_empty_and_tiny_series():

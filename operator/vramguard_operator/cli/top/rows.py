@@ -20,7 +20,7 @@ from vramguard_operator.cli.top.limits import (
     parse_reports,
 )
 from vramguard_operator.cli.top.model import STATES, DeviceFigure, Limit, Row, Snapshot
-from vramguard_operator.engine.escalation import records_from_annotation
+from vramguard_operator.engine.records import records_from_annotation
 from vramguard_operator.engine.types import ANNOTATION_ORIGINAL_CPU, ANNOTATION_VIOLATIONS
 from vramguard_operator.policy.request import PodGPURequest
 

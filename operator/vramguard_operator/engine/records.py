@@ -1,4 +1,4 @@
-"""Escalation state: the ladder, and the records persisted on pods and budgets.
+"""Escalation state: the violation records persisted on pods and budgets.
 
 A violation's record (``ViolationRecord``) is read back at every evaluation
 from two places and merged, so that a restart between an action and a status
@@ -21,14 +21,13 @@ and skipped, never passed on to the engine.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast, get_args
 
-from vramguard_api.budget import ACTIONS, Action, GPUMemoryBudget, GPUMemoryBudgetSpec, ViolationKind
-from vramguard_operator.engine.types import ViolationKey, ViolationRecord
+from vramguard_api.budget import ACTIONS, Action, GPUMemoryBudget, ViolationKind
+from vramguard_operator.engine.keys import ViolationKey
 
 TOTAL_KINDS = frozenset({"TotalVRAM", "TotalRAM"})
 _KINDS = frozenset(get_args(ViolationKind))
@@ -39,33 +38,33 @@ _MAX_TIME = datetime(3000, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
-class LadderStep:
-    """One rung: the action, its delay after the violation opened (seconds;
-    ``inf`` for a leak's Evict that only the exhaustion projection brings
-    forward) and, for Throttle, the CPU limit to set."""
+class ViolationRecord:
+    """Persisted escalation state of one violation (as stored in the pod annotation
+    ``vramguard.io/violations`` and, without budget/uid, in ``status.violations``).
 
-    action: Action
-    after_seconds: float
-    cpu_limit: str | None = None
+    ``since``: usage first above the limit. ``opened_at``: when the violation
+    opened (None while pending within the tolerance). ``step``/``step_time``:
+    the last step that fired (Evict is recorded once the pod is terminating).
+    ``observed_bytes``/``limit_bytes``: the values when that step fired (so the
+    annotation changes only on transitions, not with every sample).
+    ``dry_run``: ``step`` only would have fired (the budget was not enforcing);
+    once the budget enforces, such a step is disregarded and the ladder fires
+    the due steps for real. ``evict_target_uid``: for a Total violation whose
+    Evict is due, the uid of the pod chosen for eviction; the step is recorded
+    once that pod is terminating or gone.
+    All times are whole seconds (metav1.Time's resolution).
+    """
 
-
-@dataclass(frozen=True, slots=True)
-class Ladder:
-    """The escalation ladder of a budget, ordered Annotate, Throttle, Evict."""
-
-    steps: tuple[LadderStep, ...]
-
-    def next_after(self, step: Action | None) -> LadderStep | None:
-        """The first rung after ``step`` (the first rung when ``step`` is None)."""
-        rank = step_rank(step)
-        for rung in self.steps:
-            if step_rank(rung.action) > rank:
-                return rung
-        return None
-
-    def rung(self, action: Action) -> LadderStep | None:
-        """The rung for ``action``, if the ladder has one."""
-        return next((r for r in self.steps if r.action == action), None)
+    key: ViolationKey
+    budget_uid: str
+    since: datetime
+    opened_at: datetime | None = None
+    step: Action | None = None
+    step_time: datetime | None = None
+    observed_bytes: int | None = None
+    limit_bytes: int | None = None
+    dry_run: bool = False
+    evict_target_uid: str | None = None
 
 
 def step_rank(step: Action | None) -> int:
@@ -73,22 +72,9 @@ def step_rank(step: Action | None) -> int:
     return -1 if step is None else ACTIONS.index(step)
 
 
-def ladder_of(spec: GPUMemoryBudgetSpec, default_cpu: str, leak: bool = False) -> Ladder:
-    """The ladder of a budget spec. For ``leak`` with ``evictBefore`` set and no
-    Evict rung, an Evict rung with an infinite delay is added: only the
-    projected exhaustion makes it due."""
-    steps = [
-        LadderStep(
-            s.action,
-            s.after_seconds(),
-            (s.cpu_limit or default_cpu) if s.action == "Throttle" else None,
-        )
-        for s in spec.enforcement.escalation
-    ]
-    ld = spec.leak_detection
-    if leak and ld is not None and ld.evict_before is not None and all(s.action != "Evict" for s in steps):
-        steps.append(LadderStep("Evict", math.inf))
-    return Ladder(tuple(steps))
+def throttled(rec: ViolationRecord) -> bool:
+    """Whether a Throttle step really fired for ``rec`` (not only in a dry run)."""
+    return step_rank(rec.step) >= step_rank("Throttle") and not rec.dry_run
 
 
 # --- time ------------------------------------------------------------------------

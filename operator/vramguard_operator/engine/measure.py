@@ -1,0 +1,298 @@
+"""Measurement: node reports as the engine reads them, each pod's measured
+usage, and every limit of a budget checked against it (``Measure``).
+
+Pure functions of the reports, the pods, the budget spec and ``now``; no
+wording (the leak's figures are kept as numbers and worded by ``messages``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from vramguard_api.budget import GPUMemoryBudgetSpec, ViolationKind
+from vramguard_api.leak import seconds_to_limit
+from vramguard_api.limits import DeviceLimit
+from vramguard_api.trend import TrendFeatures
+from vramguard_api.usage import NodeGPUUsage, PodUsage
+from vramguard_operator.engine.inputs import PodFacts
+from vramguard_operator.engine.keys import ViolationKey
+from vramguard_operator.engine.leak_rule import LeakThresholds, leak_cleared, leak_holds
+
+DataState = Literal["Fresh", "Stale", "Missing"]
+
+
+@dataclass(slots=True)
+class Node:
+    """A node's report as the engine reads it: its state, the pods it measured by
+    uid, each device's usable memory (bytes, None when unknown), and whether the
+    report holds every GPU process on the node."""
+
+    state: DataState
+    report: NodeGPUUsage | None = None
+    by_uid: dict[str, PodUsage] = field(default_factory=dict)
+    usable: dict[str, int | None] = field(default_factory=dict)
+    complete: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PodData:
+    """One selected, running pod's measured usage in bytes (None: unknown);
+    ``devices`` holds ``(uuid, used, usable)`` per device."""
+
+    pod: PodFacts
+    state: DataState
+    vram: int | None
+    ram: int | None
+    devices: tuple[tuple[str, int | None, int | None], ...]
+    trend: TrendFeatures | None
+
+
+def read_nodes(reports: Mapping[str, NodeGPUUsage], now: datetime, freshness: float) -> dict[str, Node]:
+    """Each node's report read at ``now``: Missing without a status, Stale when its
+    ``sampleTime`` is more than ``freshness`` seconds from ``now`` (either way)."""
+    out: dict[str, Node] = {}
+    for name, rep in reports.items():
+        st = rep.status
+        if st is None:
+            out[name] = Node("Missing")
+            continue
+        age = (now - st.sample_time).total_seconds()
+        # a sample time further ahead than the bound is clock skew: it cannot be trusted
+        if abs(age) > freshness:
+            out[name] = Node("Stale", rep)
+            continue
+        # Complete: every GPU process on the node is in the report. Not so when lists
+        # were cut, or a device's processes are not all known or it cannot be read.
+        complete = not st.truncated and all(d.processes_complete and d.health == "Healthy" for d in st.devices)
+        node = Node("Fresh", rep, complete=complete)
+        node.by_uid = {p.uid: p for p in st.pods}
+        node.usable = {d.uuid: (d.memory.usable_bytes if d.memory else None) for d in st.devices}
+        out[name] = node
+    return out
+
+
+def pod_data(pod: PodFacts, nodes: Mapping[str, Node]) -> PodData:
+    """What the report of ``pod``'s node says about it (see docs/engine.md,
+    "Unknown and stale data")."""
+    node = nodes.get(pod.node_name or "")
+    if node is None:
+        return PodData(pod, "Missing", None, None, (), None)
+    if node.state != "Fresh":
+        return PodData(pod, node.state, None, None, (), None)
+    usage = node.by_uid.get(pod.uid)
+    if usage is None:
+        # Every GPU process on the node is in a complete report, attributed or not:
+        # a pod absent from it holds no VRAM there. Its RAM is unknown.
+        return PodData(pod, "Fresh", 0 if node.complete else None, None, (), None)
+    measured = usage.attribution == "Measured"
+    devices = tuple((d.uuid, d.used_bytes if measured else None, node.usable.get(d.uuid)) for d in usage.devices)
+    return PodData(
+        pod,
+        "Fresh",
+        usage.vram_bytes if measured else None,
+        usage.ram_working_set_bytes,
+        devices,
+        usage.trend if measured else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LeakFigures:
+    """A leak measurement's figures: growth and its lower bound (bytes per hour),
+    the window they cover (seconds), and the projection to the VRAM the pod runs
+    into (``cap`` bytes, reached in ``seconds_left``; None when not projected)."""
+
+    growth: float | None
+    low: float | None
+    window_seconds: float
+    cap: int | None
+    seconds_left: float | None
+
+
+@dataclass(slots=True)
+class Measure:
+    """One limit checked against one measured value (bytes; for Leak, bytes per hour).
+
+    ``over``/``hard``/``clear``/``pause`` are None when the data cannot tell
+    (stale, unknown attribution, a total with an unknown member); ``observed``
+    is then None, or a total's partial sum (for display only). ``pod``: the
+    measured pod (None for a total). ``projected_evict``: for a Leak with
+    ``evictBefore``, when the projected exhaustion makes Evict due.
+    Not changed once built (a plain slots class: the engine builds hundreds of
+    thousands per evaluation, and a frozen one costs more to build)."""
+
+    key: ViolationKey
+    observed: int | None
+    limit: int
+    over: bool | None
+    hard: bool | None
+    clear: bool | None
+    pause: bool | None
+    pod: PodData | None = None
+    leak: LeakFigures | None = None
+    projected_evict: datetime | None = None
+
+
+def limit_measure(
+    key: ViolationKey, observed: int | None, limit: int, overshoot: float, margin: float, pod: PodData | None
+) -> Measure:
+    """``observed`` checked against ``limit``: over it, over it by more than the
+    ``overshoot`` fraction (hard), at most ``limit × (1 − margin)`` (clear), at
+    most the limit (pause: no escalation)."""
+    if observed is None:
+        return Measure(key, None, limit, None, None, None, None, pod)
+    return Measure(
+        key,
+        observed,
+        limit,
+        over=observed > limit,
+        hard=observed > limit * (1 + overshoot),
+        clear=observed <= limit * (1 - margin),
+        pause=observed <= limit,
+        pod=pod,
+    )
+
+
+def leak_measure(key: ViolationKey, d: PodData, lim: BudgetLimits, now: datetime) -> Measure:
+    """The Leak rule (``leak_rule``) on ``d``'s trend features with ``lim``'s
+    thresholds, and the projection of its VRAM to its cap (see ``vram_cap``)."""
+    th = lim.leak
+    assert th is not None
+    limit = int(th.min_growth_bytes_per_hour)
+    trend = d.trend
+    if trend is None or d.vram is None:
+        return Measure(key, None, limit, None, None, None, None, d)
+    holds = leak_holds(trend, th)
+    growth = trend.growth_bytes_per_hour
+    observed = None if growth is None else max(0, int(growth))
+    cap = vram_cap(lim, d)
+    left = seconds_to_limit(d.vram, cap, growth)
+    projected = None
+    if left is not None and th.evict_before_seconds is not None:
+        projected = now + timedelta(seconds=max(0.0, left - th.evict_before_seconds))
+    figures = LeakFigures(growth, trend.growth_low_bytes_per_hour, trend.window_seconds, cap, left)
+    over_pause = None if holds is None else not holds
+    return Measure(key, observed, limit, holds, holds, leak_cleared(trend, th), over_pause, d, figures, projected)
+
+
+def vram_cap(lim: BudgetLimits, d: PodData) -> int | None:
+    """The VRAM a leaking pod runs into (bytes, on the scale of its total VRAM):
+    perPod.vram, else the device limit (named, or perDevice) or the usable
+    memory of the device it uses most, shifted by what it uses on its other
+    devices."""
+    if lim.pod_vram is not None:
+        return lim.pod_vram
+    if not d.devices:
+        return None
+    uuid, used, usable = max(d.devices, key=lambda x: x[1] or 0)
+    if lim.per_device is not None or uuid in lim.device_limits:
+        cap = lim.device_limit(uuid, usable)
+        # the projection runs on the pod's total VRAM: shift the device cap by its other devices
+        return None if cap is None or d.vram is None else cap + (d.vram - (used or 0))
+    if usable is None or d.vram is None:
+        return None
+    return usable + (d.vram - (used or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLimits:
+    """A budget's limits in numbers, parsed once per evaluation: per-pod VRAM and
+    RAM and the totals (bytes, None when unset), the per-device limit, the
+    warning threshold, overshoot and recovery margin (fractions), the
+    tolerated duration (seconds), the leak thresholds (None: leak detection
+    off) and the limits on named devices (bytes by device UUID, replacing
+    ``perDevice`` there: ``EngineInput.device_limits``)."""
+
+    pod_vram: int | None
+    pod_ram: int | None
+    per_device: DeviceLimit | None
+    totals: tuple[tuple[ViolationKind, int], ...]
+    threshold: float
+    overshoot: float
+    tolerance_seconds: float
+    margin: float
+    leak: LeakThresholds | None
+    device_limits: Mapping[str, int]
+
+    @classmethod
+    def of(cls, spec: GPUMemoryBudgetSpec, margin: float, device_limits: Mapping[str, int]) -> BudgetLimits:
+        """Parse ``spec``; raises ``ValueError`` naming the field on a bad leak
+        threshold or tolerance duration."""
+        ld = spec.leak_detection
+        leak = LeakThresholds.of(ld) if ld is not None and ld.enabled else None
+        lim = spec.limits
+        total = lim.total
+        totals: tuple[tuple[ViolationKind, int | None], ...] = (
+            () if total is None else (("TotalVRAM", total.vram_bytes()), ("TotalRAM", total.ram_bytes()))
+        )
+        return cls(
+            pod_vram=lim.per_pod.vram_bytes() if lim.per_pod else None,
+            pod_ram=lim.per_pod.ram_bytes() if lim.per_pod else None,
+            per_device=lim.per_device,
+            totals=tuple((kind, limit) for kind, limit in totals if limit is not None),
+            threshold=spec.warning_threshold,
+            overshoot=spec.tolerance.overshoot_percent / 100,
+            tolerance_seconds=spec.tolerance.seconds(),
+            margin=margin,
+            leak=leak,
+            device_limits=device_limits,
+        )
+
+    def device_limit(self, uuid: str, usable: int | None) -> int | None:
+        """The limit on one device (bytes): a named device limit, else the
+        budget's perDevice (None: none, or a fraction of unknown memory)."""
+        if uuid in self.device_limits:
+            return self.device_limits[uuid]
+        return None if self.per_device is None else self.per_device.bytes_for(usable)
+
+
+def budget_measures(
+    lim: BudgetLimits, namespace: str, name: str, data: list[PodData], touched: set[str | None], now: datetime
+) -> Iterator[Measure]:
+    """Every limit of the budget checked against its running pods (``data``), then
+    its totals. Fast path: a pod without state in this budget (not in ``touched``)
+    whose value is unknown or below the warning threshold changes nothing, so no
+    measurement is built for it. (One loop: this runs for every selected pod of
+    every budget, and a generator per pod would cost more than the checks.)"""
+    over, margin, thr = lim.overshoot, lim.margin, lim.threshold
+    pod_vram, pod_ram, per_device, named = lim.pod_vram, lim.pod_ram, lim.per_device, lim.device_limits
+    vram_quiet = -1 if pod_vram is None else thr * pod_vram
+    ram_quiet = -1 if pod_ram is None else thr * pod_ram
+    for d in data:
+        pn = d.pod.name
+        quiet = pn not in touched
+        if pod_vram is not None and not (quiet and (d.vram is None or d.vram < vram_quiet)):
+            yield limit_measure(ViolationKey(namespace, name, "PodVRAM", pn), d.vram, pod_vram, over, margin, d)
+        if pod_ram is not None and not (quiet and (d.ram is None or d.ram < ram_quiet)):
+            yield limit_measure(ViolationKey(namespace, name, "PodRAM", pn), d.ram, pod_ram, over, margin, d)
+        if per_device is not None or named:
+            for uuid, used, usable in d.devices:
+                limit = lim.device_limit(uuid, usable)
+                if limit is None and (per_device is None or uuid in named):
+                    continue  # no limit on this device
+                if quiet and (used is None or limit is None or used < thr * limit):
+                    continue
+                key = ViolationKey(namespace, name, "DeviceVRAM", pn, uuid)
+                if limit is None:
+                    yield Measure(key, used, 0, None, None, None, None, d)
+                else:
+                    yield limit_measure(key, used, limit, over, margin, d)
+        if lim.leak is not None and not (quiet and (d.trend is None or d.vram is None)):
+            yield leak_measure(ViolationKey(namespace, name, "Leak", pn), d, lim, now)
+    yield from _total_measures(lim, namespace, name, data)
+
+
+def _total_measures(lim: BudgetLimits, namespace: str, name: str, data: list[PodData]) -> Iterator[Measure]:
+    """The totals: a sum over the running pods, known only when every member is."""
+    for kind, limit in lim.totals:
+        values = [d.vram if kind == "TotalVRAM" else d.ram for d in data]
+        known = all(v is not None for v in values)
+        used = sum(v for v in values if v is not None)
+        key = ViolationKey(namespace, name, kind)
+        if known:
+            yield limit_measure(key, used, limit, lim.overshoot, lim.margin, None)
+        else:
+            yield Measure(key, used, limit, None, None, None, None)  # partial sum, for display only

@@ -1,0 +1,185 @@
+"""Every text the engine writes for people: Event messages, the pod annotation
+``vramguard.io/violation``, the violation messages in budget status, and the
+problems for the log.
+
+Each function takes the figures and returns the text; nothing here decides.
+Bytes are written with ``vramguard_api.units.format_bytes``, durations with
+``format_seconds`` and times as RFC 3339 (``records.format_time``). An Event
+names the budget, the subject, the measured value, the limit, what was done
+and the next step with its time (docs/engine.md, "The ladder").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from vramguard_api.budget import Action
+from vramguard_api.units import format_bytes, format_seconds
+from vramguard_operator.engine.keys import ANNOTATION_ORIGINAL_CPU, BudgetRef, ViolationKey
+from vramguard_operator.engine.ladder import Ladder
+from vramguard_operator.engine.measure import Measure
+from vramguard_operator.engine.records import ViolationRecord, format_time
+
+_VERB = {"Annotate": "annotate", "Throttle": "throttle", "Evict": "evict"}
+_DONE = {"Annotate": "annotated", "Throttle": "throttled", "Evict": "evicting"}
+_WHAT = {
+    "PodVRAM": "VRAM",
+    "PodRAM": "RAM",
+    "DeviceVRAM": "VRAM",
+    "TotalVRAM": "total VRAM",
+    "TotalRAM": "total RAM",
+}
+
+
+def subject(key: ViolationKey) -> str:
+    """What a violation is about: ``VRAM on device GPU-1 of pod w0``,
+    ``total RAM of the selected pods``, ``pod w0`` (a leak)."""
+    if key.kind == "Leak":
+        return f"pod {key.pod}"
+    what = _WHAT[key.kind]
+    if key.pod is None:
+        return f"{what} of the selected pods"
+    where = "" if key.device is None else f" on device {key.device}"
+    return f"{what}{where} of pod {key.pod}"
+
+
+def value(key: ViolationKey, v: int) -> str:
+    """A measured value or limit: bytes, or bytes per hour for a leak."""
+    return f"{format_bytes(v)}/h" if key.kind == "Leak" else format_bytes(v)
+
+
+def leak_detail(m: Measure) -> str:
+    """A leak's figures: growth, its lower bound, the window, the threshold and the
+    projected exhaustion; empty when ``m`` has no figures (unknown data)."""
+    f = m.leak
+    if f is None:
+        return ""
+    text = (
+        f"VRAM grows {format_bytes(f.growth)}/h (lower bound {format_bytes(f.low)}/h) over "
+        f"{format_seconds(f.window_seconds)}, threshold {format_bytes(m.limit)}/h"
+    )
+    if f.seconds_left is not None and f.cap is not None:
+        text += f"; projected to reach {format_bytes(f.cap)} in {format_seconds(f.seconds_left)}"
+    return text
+
+
+def step_text(
+    budget: BudgetRef,
+    rec: ViolationRecord,
+    m: Measure,
+    next_action: Action | None,
+    next_time: datetime | None,
+    done: Action | None,
+    cpu: str | None = None,
+) -> str:
+    """The Event text of a step: budget, subject, measured value, limit and since
+    when, what was ``done`` (the CPU limit ``cpu`` for Throttle), next step and when."""
+    key = rec.key
+    head = f"budget {budget.namespace}/{budget.name}: "
+    if key.kind == "Leak":
+        head += f"{subject(key)} leaks: {leak_detail(m)}."
+    else:
+        head += (
+            f"{subject(key)} is {format_bytes(m.observed)}, above its {key.kind} limit "
+            f"{format_bytes(m.limit)} since {format_time(rec.since)}."
+        )
+    if done == "Throttle":
+        head += f" Throttled: CPU limit set to {cpu}."
+    elif done is not None:
+        head += f" {_DONE[done].capitalize()}."
+    if next_action is None:
+        return head + " No further step."
+    if next_time is None:
+        return head + f" Next: {next_action} when the projected exhaustion is near."
+    return head + f" Next: {next_action} at {format_time(next_time)}."
+
+
+def dry_run_text(action: Action, text: str) -> str:
+    """A DryRunStep's text: ``dry run: would <verb>.`` and the step's text."""
+    return f"dry run: would {_VERB[action]}. {text}"
+
+
+def throttle_reapplied_text(text: str, cpu: str) -> str:
+    """A re-applied Throttle (for logs only: it posts no Event)."""
+    return f"{text} Throttle re-applied: CPU limit set to {cpu} again."
+
+
+def throttle_impossible_text(text: str, reason: str) -> str:
+    """A Throttle step that could resize no container."""
+    return f"{text} Throttle impossible: {reason}"
+
+
+def recovered_text(budget: BudgetRef, key: ViolationKey, observed: int, limit: int, cause: str) -> str:
+    """A violation closed: the value it is back to, the limit and the cause."""
+    return (
+        f"budget {budget.namespace}/{budget.name}: {subject(key)} back to "
+        f"{value(key, observed)} (limit {value(key, limit)}): violation closed ({cause})"
+    )
+
+
+def budget_gone_text(key: ViolationKey, pod: str) -> str:
+    """A pod's violation closed because its budget was deleted or recreated."""
+    return f"budget {key.namespace}/{key.budget} is gone: {key.label()} violation on pod {pod} closed"
+
+
+def orphaned_throttle_text(pod: str) -> str:
+    """CPU put back on a pod that vramguard throttled and no violation holds."""
+    return f"pod {pod} is throttled by vramguard without an open violation: CPU restored"
+
+
+def warning_text(budget: BudgetRef, m: Measure, threshold: float, next_action: Action | None) -> str:
+    """Usage above the warning threshold: value, share of the limit, the threshold
+    and what comes next if it goes on."""
+    observed = m.observed or 0
+    text = (
+        f"budget {budget.namespace}/{budget.name}: {subject(m.key)} is "
+        f"{format_bytes(observed)}, {observed / m.limit:.0%} of its {m.key.kind} limit "
+        f"{format_bytes(m.limit)} (warning threshold {threshold:.0%})."
+    )
+    return text + (f" Next: a violation, then {next_action}." if next_action else "")
+
+
+def violation_message(
+    rec: ViolationRecord, m: Measure | None, observed: int | None, limit: int | None, throttle_impossible: str | None
+) -> str:
+    """The message of a ``status.violations`` entry (at most 1024 characters)."""
+    if rec.opened_at is None:
+        msg = f"above the limit since {format_time(rec.since)}, within the tolerance"
+    elif m is None or m.over is None:
+        msg = "no fresh measured data: escalation paused"
+    else:
+        msg = leak_detail(m) or f"{subject(rec.key)} {format_bytes(observed)} > {format_bytes(limit)}"
+        if throttle_impossible is not None:
+            msg += f"; throttle impossible: {throttle_impossible}"
+    return msg[:1024]
+
+
+def pod_message(records: Iterable[ViolationRecord], ladder_of: Callable[[ViolationKey], Ladder | None]) -> str:
+    """The value of ``vramguard.io/violation``: per violation, budget, kind,
+    values, since, the last step and the next one with its time."""
+    lines = []
+    for r in sorted(records, key=lambda r: (r.key.budget, r.key.kind, r.key.device or "")):
+        unit = "/h" if r.key.kind == "Leak" else ""
+        text = f"budget {r.key.budget}: {r.key.label()}"
+        if r.observed_bytes is not None and r.limit_bytes is not None:
+            text += f" {format_bytes(r.observed_bytes)}{unit} > {format_bytes(r.limit_bytes)}{unit}"
+        text += f" since {format_time(r.since)}"
+        if r.step is not None and r.step_time is not None:
+            text += f"; {r.step} at {format_time(r.step_time)}"
+        ladder = ladder_of(r.key)
+        rung = ladder.next_after(r.step) if ladder is not None else None
+        if rung is not None and r.opened_at is not None and rung.after_seconds != float("inf"):
+            text += f"; next {rung.action} at {format_time(r.opened_at + timedelta(seconds=rung.after_seconds))}"
+        lines.append(text)
+    return "; ".join(lines)
+
+
+def restore_problem(namespace: str, pod: str, left: list[str]) -> str:
+    """A recorded original CPU that is not put back (the container is not at a
+    throttle target), for ``EngineOutput.problems``."""
+    return (
+        f"pod {namespace}/{pod} annotation {ANNOTATION_ORIGINAL_CPU}: "
+        f"{', '.join(left) or 'no valid entry'}: not restored (no violation throttled "
+        "the container to its current CPU limit); annotation removed"
+    )

@@ -1,0 +1,182 @@
+"""Outputs of the pure policy engine: the decisions (each with its Event), the
+pod annotation patches, the desired budget statuses and ``EngineOutput``.
+Re-exported by ``engine.types`` (see its module doc for the contract and the
+apply order)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from vramguard_api.budget import Action, GPUMemoryBudgetStatus
+from vramguard_operator.engine.keys import BudgetRef, PodRef, ViolationKey
+
+DecisionAction = Literal["Warn", "Annotate", "Throttle", "Evict", "Recover"]
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """A Kubernetes Event to post on the decision's pod (if any) and on its budget."""
+
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCPU:
+    """Desired CPU resources of one container in a ``pods/resize`` patch
+    (quantity strings; ``request`` None means leave the request unchanged)."""
+
+    name: str
+    limit: str
+    request: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecisionBase:
+    """Fields shared by every decision.
+
+    ``pod`` is None for a budget-level decision (a Total violation's Warn or
+    Recover). ``observed_bytes``/``limit_bytes`` are the measured value and the
+    limit (for Leak: growth in bytes per hour and ``minGrowthPerHour``).
+    ``next_step``/``next_step_time``: the ladder's next step and when it is due
+    (``next_step_time`` None when only a leak's projected exhaustion can make
+    it due; both None when the ladder is exhausted). ``time`` is the
+    evaluation's ``now`` (whole seconds). ``action`` names the decision for
+    metrics and the replay (a ``DryRunStep`` reports the step it stands for).
+    """
+
+    budget: BudgetRef
+    violation: ViolationKey
+    pod: PodRef | None
+    time: datetime
+    observed_bytes: int
+    limit_bytes: int
+    event: EventSpec
+    next_step: Action | None = None
+    next_step_time: datetime | None = None
+
+    @property
+    def action(self) -> DecisionAction:
+        raise NotImplementedError(type(self).__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Warn(DecisionBase):
+    """Usage passed ``warningThreshold × limit`` (no violation open): Event only."""
+
+    threshold: float
+
+    @property
+    def action(self) -> DecisionAction:
+        return "Warn"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Annotate(DecisionBase):
+    """The Annotate step fired on ``pod``: post the Event; the annotations are in
+    ``EngineOutput.pod_patches``."""
+
+    @property
+    def action(self) -> DecisionAction:
+        return "Annotate"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Throttle(DecisionBase):
+    """The Throttle step fired on ``pod``: resize the containers in ``resize``
+    (the originals are recorded in ``vramguard.io/original-cpu`` by the pod
+    patch, to be written first). ``impossible_reason`` is set (and ``resize``
+    empty) when no container can be throttled in place; the step still counts
+    as fired, and the reason goes to the Event and the budget status.
+
+    ``reapply`` is True when the step fired at an earlier evaluation and the pod
+    is not at the target (see the module doc): resize again, post no Event."""
+
+    resize: tuple[ContainerCPU, ...]
+    original: Mapping[str, Mapping[str, str | None]]
+    impossible_reason: str | None = None
+    reapply: bool = False
+
+    @property
+    def action(self) -> DecisionAction:
+        return "Throttle"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evict(DecisionBase):
+    """Evict ``pod`` through the Eviction API (level-triggered: see module doc)."""
+
+    reason: str
+
+    @property
+    def action(self) -> DecisionAction:
+        return "Evict"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recover(DecisionBase):
+    """A violation closed (usage back under the limit, pod no longer selected,
+    or budget deleted). ``restore``: CPU resources to put back through
+    ``pods/resize`` (empty when the pod was not throttled or is still throttled
+    by another open violation). The annotation removals are in the pod patch."""
+
+    restore: tuple[ContainerCPU, ...] = ()
+    cause: str = "UsageBelowLimit"
+
+    @property
+    def action(self) -> DecisionAction:
+        return "Recover"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DryRunStep(DecisionBase):
+    """A step that would have fired (mode DryRun or exempt namespace): Event
+    only (message starts with "dry run: would ..."); recorded in budget status."""
+
+    would: Action
+
+    @property
+    def action(self) -> DecisionAction:
+        return self.would
+
+
+Decision = Warn | Annotate | Throttle | Evict | Recover | DryRunStep
+SIDE_EFFECT_DECISIONS: tuple[type, ...] = (Annotate, Throttle, Evict)
+
+
+@dataclass(frozen=True, slots=True)
+class PodPatch:
+    """Annotation changes for one pod, as a JSON merge patch on
+    ``metadata.annotations`` (``None`` removes the key)."""
+
+    pod: PodRef
+    annotations: Mapping[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatusUpdate:
+    """The desired status of one budget (compare with the current one before writing)."""
+
+    budget: BudgetRef
+    status: GPUMemoryBudgetStatus
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """What one evaluation decided. ``decisions`` are in a stable order (budget,
+    violation key, step order); ``pod_patches`` and ``statuses`` hold one entry
+    per pod / budget that needs it (pod patches only where something changes)."""
+
+    decisions: tuple[Decision, ...]
+    pod_patches: tuple[PodPatch, ...]
+    statuses: tuple[BudgetStatusUpdate, ...]
+    evaluated_pairs: int = 0
+    """Number of (budget, selected pod) pairs evaluated; for metrics and the benchmark."""
+    problems: tuple[str, ...] = ()
+    """Malformed state found on objects (e.g. an unparsable annotation entry, which
+    is skipped); for the operator's log. Each names the object, field and value."""

@@ -1,0 +1,245 @@
+"""What the moves of a violation do: the decisions of a fired step (Annotate,
+Throttle, Evict, or DryRunStep when the budget does not act), the Throttle
+re-apply, the closing Recover, the Warn, and the records they leave on pods.
+
+Each function works on one budget's ``BudgetWork``; the wording comes from
+``messages``, the moves themselves from ``ladder``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from vramguard_api.budget import Action
+from vramguard_operator.engine import ladder as lad
+from vramguard_operator.engine import messages as msg
+from vramguard_operator.engine.inputs import ContainerFacts, PodFacts
+from vramguard_operator.engine.keys import (
+    ANNOTATION_ORIGINAL_CPU,
+    EVENT_ABOVE_WARNING,
+    EVENT_DRY_RUN,
+    EVENT_EVICTING,
+    EVENT_LEAK_DETECTED,
+    EVENT_LIMIT_EXCEEDED,
+    EVENT_RECOVERED,
+    EVENT_THROTTLE_IMPOSSIBLE,
+    EVENT_THROTTLED,
+    PodRef,
+)
+from vramguard_operator.engine.measure import Measure, PodData
+from vramguard_operator.engine.outputs import (
+    Annotate,
+    ContainerCPU,
+    DryRunStep,
+    EventSpec,
+    Evict,
+    Recover,
+    Throttle,
+    Warn,
+)
+from vramguard_operator.engine.records import TOTAL_KINDS, ViolationRecord, throttled
+from vramguard_operator.engine.throttle import parse_original, plan_throttle
+from vramguard_operator.engine.work import BudgetWork, Fire
+
+
+def next_of(w: BudgetWork, rec: ViolationRecord, m: Measure | None) -> tuple[Action | None, datetime | None]:
+    """The next step of ``rec`` on its budget's ladder, and when it is due."""
+    return lad.next_step(rec, w.ladder_for(rec.key), None if m is None else m.projected_evict)
+
+
+def _text(w: BudgetWork, f: Fire, done: Action | None, cpu: str | None = None) -> str:
+    return msg.step_text(w.ref, f.rec, f.m, f.next_step, f.next_time, done, cpu)
+
+
+def fire(w: BudgetWork, rec: ViolationRecord, m: Measure, rung: lad.LadderStep) -> None:
+    """Fire the due ``rung`` of the open ``rec``: at most one step per violation
+    per evaluation. Evict (when acting) is level-triggered: recorded only once
+    the pod is terminating."""
+    targets = _targets(w, rung.action, m)
+    if rung.action == "Evict" and w.acting:
+        if rec.key.kind in TOTAL_KINDS:
+            _evict_total(w, rec, m, targets)
+            return
+        for d in targets:
+            _evict(w, Fire(rec, m), d)
+        return
+    done = lad.fired(rec, rung.action, m, w.now, w.acting)
+    w.next_records[rec.key] = done
+    f = Fire(done, m, *next_of(w, done, m))
+    if not w.acting:
+        dry: list[PodData | None] = [*targets] or [None]
+        for target in dry:
+            text = msg.dry_run_text(rung.action, _text(w, f, None))
+            w.emit(DryRunStep, f, target, EventSpec("Warning", EVENT_DRY_RUN, text), would=rung.action)
+        return
+    for d in targets:
+        if rung.action == "Annotate":
+            text = _text(w, f, "Annotate")
+            reason = EVENT_LEAK_DETECTED if m.key.kind == "Leak" else EVENT_LIMIT_EXCEEDED
+            w.emit(Annotate, f, d, EventSpec("Warning", reason, text))
+        else:
+            _throttle(w, f, d, rung)
+        w.merge_on_pod(d.pod.uid, done)
+
+
+def _targets(w: BudgetWork, action: Action, m: Measure) -> list[PodData]:
+    """The pods a step goes to: the measured pod; for a total, every measured pod
+    (Annotate) or the largest consumer (Throttle, Evict; ties by name)."""
+    if m.pod is not None:
+        return [m.pod]
+    attr = "vram" if m.key.kind == "TotalVRAM" else "ram"
+    known = [d for d in w.data if getattr(d, attr) is not None]
+    if action == "Annotate":
+        return known
+    largest = max(known, key=lambda d: (getattr(d, attr) or 0, d.pod.name), default=None)
+    return [] if largest is None else [largest]
+
+
+def _evict_total(w: BudgetWork, rec: ViolationRecord, m: Measure, targets: list[PodData]) -> None:
+    """A total's due Evict: recorded once a pod chosen for it is terminating or
+    gone; until then the largest consumer is evicted (level-triggered) and
+    recorded as the target, in status and on that pod, before the eviction."""
+    chosen = {rec.evict_target_uid} | {
+        r.evict_target_uid for _, recs in w.pod_records() if (r := recs.get(rec.key)) is not None
+    }
+    if any(uid is not None and _gone(w.state.pods_by_uid.get(uid)) for uid in chosen):
+        w.next_records[rec.key] = lad.evict_recorded(rec, w.now)
+        return
+    if not targets:
+        return
+    d = targets[0]
+    aimed = replace(rec, evict_target_uid=d.pod.uid)
+    w.next_records[rec.key] = aimed
+    # on the pod, its own record of the total (the steps fired on it) gains the target
+    own = w.records_on(d.pod.uid).get(rec.key) or replace(rec, step=None, step_time=None)
+    w.put_on_pod(d.pod.uid, replace(own, evict_target_uid=d.pod.uid))
+    _evict(w, Fire(aimed, m), d)
+
+
+def _gone(pod: PodFacts | None) -> bool:
+    """Whether a pod is terminating, finished or gone."""
+    return pod is None or pod.terminating or pod.phase in ("Succeeded", "Failed")
+
+
+def _evict(w: BudgetWork, f: Fire, d: PodData) -> None:
+    if w.evicting(d.pod.uid):
+        return  # one Evict per pod per evaluation, whichever violation asks first
+    w.start_evicting(d.pod.uid)
+    text = _text(w, f, "Evict")
+    w.emit(Evict, f, d, EventSpec("Warning", EVENT_EVICTING, text), reason=text)
+
+
+def _throttle(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep, reapply: bool = False) -> None:
+    """A Throttle decision for ``d`` (``reapply``: only when something is to resize)."""
+    # a pod throttled earlier in this evaluation is planned from its new resources
+    pod = w.current_pod(d.pod)
+    recorded = w.recorded_original(pod.uid) or parse_original(pod.annotations.get(ANNOTATION_ORIGINAL_CPU))
+    cpu = rung.cpu_limit or w.config.default_throttle_cpu
+    plan = plan_throttle(pod, cpu, recorded)
+    if reapply:
+        if not plan.resize:
+            return
+        w.throttled_to(resized(pod, plan.resize), plan.original)
+        text = msg.throttle_reapplied_text(_text(w, f, None), cpu)
+        event = EventSpec("Warning", EVENT_THROTTLED, text)
+        w.emit(Throttle, f, d, event, resize=plan.resize, original=plan.original, reapply=True)
+        return
+    if plan.impossible_reason is None:
+        w.throttled_to(resized(pod, plan.resize), plan.original)
+        text = _text(w, f, "Throttle", cpu)
+        event = EventSpec("Warning", EVENT_THROTTLED, text)
+    else:
+        base = _text(w, f, None)
+        event = EventSpec(
+            "Warning", EVENT_THROTTLE_IMPOSSIBLE, msg.throttle_impossible_text(base, plan.impossible_reason)
+        )
+    w.emit(Throttle, f, d, event, resize=plan.resize, original=plan.original, impossible_reason=plan.impossible_reason)
+
+
+def resized(pod: PodFacts, resize: tuple[ContainerCPU, ...]) -> PodFacts:
+    """``pod`` with the CPU resources of ``resize`` applied."""
+    new = {c.name: c for c in resize}
+    containers: tuple[ContainerFacts, ...] = tuple(
+        replace(c, cpu_limit=new[c.name].limit, cpu_request=new[c.name].request or c.cpu_request)
+        if c.name in new
+        else c
+        for c in pod.containers
+    )
+    return replace(pod, containers=containers)
+
+
+def reapply_throttle(w: BudgetWork, rec: ViolationRecord, m: Measure) -> None:
+    """Throttle is level-triggered: a pod that a fired Throttle step holds but
+    whose CPU is not at the step's target (the resize was refused or never
+    made, or a container was raised since) is resized again, without a new
+    step. Only while the budget enforces, on fresh data (``m`` known)."""
+    if not lad.holds_at_throttle(rec, w.acting):
+        return
+    rung = w.ladder_for(rec.key).rung("Throttle")
+    if rung is None or rung.cpu_limit is None:
+        return
+    holders = [m.pod] if m.pod is not None else _total_throttle_holders(w, rec)
+    for d in holders:
+        if w.evicting(d.pod.uid):
+            continue  # being evicted: no point in resizing it
+        _throttle(w, Fire(rec, m, *next_of(w, rec, m)), d, rung, reapply=True)
+
+
+def _total_throttle_holders(w: BudgetWork, rec: ViolationRecord) -> list[PodData]:
+    """The measured pods that a total's Throttle step was fired on (their annotation says so)."""
+    out = []
+    for uid, recs in w.pod_records():
+        r = recs.get(rec.key)
+        d = w.known_pod_data(uid)
+        if r is not None and d is not None and d.state == "Fresh" and throttled(r):
+            out.append(d)
+    return sorted(out, key=lambda d: d.pod.name)
+
+
+def close(w: BudgetWork, rec: ViolationRecord, m: Measure | None, cause: str, ns_pods: list[PodFacts]) -> None:
+    """Close an open violation: Recover decisions (for a total, also one per pod
+    it throttled, whose CPU comes back) and the record removed from its pods."""
+    w.next_records.pop(rec.key, None)
+    observed = (m.observed if m is not None else rec.observed_bytes) or 0
+    limit = m.limit if m is not None else (rec.limit_bytes or 0)
+    text = msg.recovered_text(w.ref, rec.key, observed, limit, cause)
+    pods = [w.state.pods_by_uid[uid] for uid in w.drop_on_pods(rec.key)]
+    refs: list[PodRef | None]
+    if rec.key.pod is not None:
+        pod = next((p for p in ns_pods if p.name == rec.key.pod), None)
+        refs = [pod.ref] if pod is not None else [None]
+    else:
+        refs = [None, *(p.ref for p in pods if ANNOTATION_ORIGINAL_CPU in p.annotations)]
+    for ref in refs:
+        w.decisions.append(
+            Recover(
+                budget=w.ref,
+                violation=rec.key,
+                pod=ref,
+                time=w.now,
+                observed_bytes=observed,
+                limit_bytes=limit,
+                event=EventSpec("Normal", EVENT_RECOVERED, text),
+                cause=cause,
+            )
+        )
+
+
+def warn(w: BudgetWork, m: Measure, threshold: float) -> None:
+    """A Warn decision: ``m`` passed the warning threshold (no violation open)."""
+    nxt = w.ladder_for(m.key).next_after(None)
+    text = msg.warning_text(w.ref, m, threshold, nxt.action if nxt else None)
+    f = Fire(ViolationRecord(m.key, w.ref.uid, w.now), m)
+    w.emit(Warn, f, m.pod, EventSpec("Warning", EVENT_ABOVE_WARNING, text), threshold=threshold)
+
+
+def throttle_impossible(w: BudgetWork, rec: ViolationRecord, m: Measure) -> str | None:
+    """Why a fired Throttle step could not resize the pod, for the status message."""
+    if rec.step != "Throttle" or m.pod is None or not w.acting:
+        return None
+    pod = m.pod.pod
+    if ANNOTATION_ORIGINAL_CPU in pod.annotations or w.has_new_original(pod.uid):
+        return None
+    rung = w.ladder.rung("Throttle") or w.leak_ladder.rung("Throttle")
+    return plan_throttle(pod, rung.cpu_limit if rung and rung.cpu_limit else "100m", None).impossible_reason

@@ -202,7 +202,16 @@ class LeakDetection(APIModel):
     min_window: Delay = Field(
         default="30m",
         alias="minWindow",
-        description=f"Shortest observation window before a leak can be declared. {DELAY.doc}",
+        description="The longest a steady rise waits: a floor that has risen steadily this long at "
+        "minGrowthPerHour or more is a leak, however noisy. A clean, fast rise is declared sooner, from "
+        f"minEvidence on (docs/leak-detection.md). {DELAY.doc}",
+    )
+    min_evidence: Delay = Field(
+        default="7m",
+        alias="minEvidence",
+        description="The least evidence any leak verdict rests on: a rise shorter than this is never a leak, "
+        "however fast. Between minEvidence and minWindow a rise is a leak when the lower 95% bound of its "
+        f"growth reaches minGrowthPerHour; minEvidence at or above minWindow turns that off. {DELAY.doc}",
     )
     evict_before: Delay | None = Field(
         default=None,

@@ -10,13 +10,30 @@ minimum: the trend features are computed on the lower envelope anyway
 that matters, and memory stays bounded whatever the sampling interval.
 Histories of pods not seen for a whole window are dropped.
 
-Trend features are recomputed at most every ``trend_interval_s`` seconds per
-pod (Theil–Sen is quadratic in the number of points); between refreshes a pod's
-features are the last ones computed. A pod's first computation is back-dated by
-an offset derived from its uid (CRC-32, a fraction of the interval), so that
-pods that appeared together refresh at different samples. The schedule depends
-only on the sample times and the uid, so a replay of the same series with the
-same uid refreshes at the same samples as the agent did.
+Trend features are recomputed on a schedule per pod (Theil–Sen is quadratic in
+the number of points); between refreshes a pod's features are the last ones
+computed. The schedule adapts to what the pod does:
+
+- a *quiet* pod is refreshed every ``trend_interval_s`` (5 minutes);
+- a *watched* pod every ``watch_interval_s`` (1 minute, the history's
+  resolution): one whose last features show a rise (a recent rise that
+  qualifies for the fast path, a structural rise, a leak) or a growth whose
+  lower bound is above zero and whose rate is at least
+  ``WATCH_GROWTH_BYTES_PER_HOUR``, or whose floor of the last 5 minutes stands
+  above its floor of 10 to 20 minutes ago (a rise the features may not show yet);
+- between refreshes, a cheap check on every sample: when the floor of the last
+  ``CHECK_POINTS`` history points has risen above the floor seen at the last
+  refresh by ``CHECK_RISE_BYTES``, ``CHECK_RISE_FRACTION`` of it and the spread
+  of the last ``CHECK_SPREAD_POINTS`` points then (whichever is most: a
+  sawtooth of minutes moves a one-minute floor by its height), the pod is
+  refreshed now (at most once per history bucket). A clean leak's first
+  minutes are thus seen within a few minutes of its onset rather than up to five.
+
+A pod's first computation is back-dated by an offset derived from its uid
+(CRC-32, a fraction of the interval), so that pods that appeared together
+refresh at different samples. The schedule depends only on the sample times,
+the values and the uid, so a replay of the same series with the same uid
+refreshes at the same samples as the agent did.
 
 Pure: no I/O, no clock (times are passed in), no NVML, no Kubernetes.
 """
@@ -26,42 +43,55 @@ from __future__ import annotations
 import zlib
 from array import array
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from .trend import TrendFeatures, compute_trend
 
 DEFAULT_WINDOW_S = 2 * 3600.0
 DEFAULT_MAX_POINTS = 120  # one point per minute over the default window
-# The leak detector reads the floor in 5-minute blocks: fresher features add little.
+# A quiet pod: the slow path reads the floor in 5-minute blocks, fresher features add little.
 DEFAULT_TREND_INTERVAL_S = 300.0
+# A watched pod: the fast path reads the 1-minute floor.
+DEFAULT_WATCH_INTERVAL_S = 60.0
 DEFAULT_MAX_PODS = 1024
+WATCH_GROWTH_BYTES_PER_HOUR = 100 * 2**20
+"""Half the default minGrowthPerHour: growth near the threshold is watched."""
+CHECK_POINTS = 3
+CHECK_SPREAD_POINTS = 5
+CHECK_RISE_BYTES = 64 * 2**20
+CHECK_RISE_FRACTION = 0.01
 
 
 class PodHistory:
     """One pod's VRAM series: ``times`` (seconds) and ``values`` (bytes), oldest
-    first, at most ``max_points`` long and ``window_s`` wide."""
+    first, at most ``max_points`` long and ``window_s`` wide; ``counts``: how many
+    samples each point's bucket holds (the detector widens its blocks when few)."""
 
-    __slots__ = ("times", "values", "_bucket_s", "_window_s", "_max_points")
+    __slots__ = ("times", "values", "counts", "bucket_s", "_window_s", "_max_points")
 
     def __init__(self, window_s: float, max_points: int) -> None:
         self.times: array[float] = array("d")
         self.values: array[float] = array("d")
+        self.counts: array[int] = array("I")  # samples in each point's bucket
         self._window_s = window_s
         self._max_points = max_points
-        self._bucket_s = window_s / max_points
+        self.bucket_s = window_s / max_points
 
     def add(self, t: float, value: float) -> None:
         """Add a sample at time ``t`` (seconds, not decreasing) of ``value`` bytes."""
-        if self.times and t - self.times[-1] < self._bucket_s and self._bucket_of(t) == self._bucket_of(self.times[-1]):
+        if self.times and t - self.times[-1] < self.bucket_s and self._bucket_of(t) == self._bucket_of(self.times[-1]):
             # Same bucket: keep its minimum (time of the latest sample).
             self.values[-1] = min(self.values[-1], value)
             self.times[-1] = t
+            self.counts[-1] += 1
         else:
             self.times.append(t)
             self.values.append(value)
+            self.counts.append(1)
         self._trim(t)
 
     def _bucket_of(self, t: float) -> int:
-        return int(t // self._bucket_s)
+        return int(t // self.bucket_s)
 
     def _trim(self, now: float) -> None:
         drop = 0
@@ -72,9 +102,22 @@ class PodHistory:
         if drop:
             del self.times[:drop]
             del self.values[:drop]
+            del self.counts[:drop]
 
     def __len__(self) -> int:
         return len(self.times)
+
+
+@dataclass(frozen=True, slots=True)
+class _Computed:
+    """A pod's last trend features: when (seconds), what, the floor then and how much
+    the last points spread about it (bytes), watched or not."""
+
+    at: float
+    features: TrendFeatures
+    floor: float
+    spread: float
+    watched: bool
 
 
 class HistoryStore:
@@ -82,10 +125,11 @@ class HistoryStore:
     schedule described in the module docstring.
 
     ``window_s`` (seconds, > 0) and ``max_points`` (>= 3) bound each history;
-    ``trend_interval_s`` (seconds, >= 0; 0 recomputes on every call) is the
-    refresh interval; at most ``max_pods`` histories are kept (a pod beyond
-    that gets none until others are forgotten). Raises ``ValueError`` naming
-    the setting and its value when one is out of range.
+    ``trend_interval_s`` (seconds, >= 0; 0 recomputes on every call) is a quiet
+    pod's refresh interval, ``watch_interval_s`` (seconds, >= 0, at most
+    ``trend_interval_s``) a watched pod's; at most ``max_pods`` histories are
+    kept (a pod beyond that gets none until others are forgotten). Raises
+    ``ValueError`` naming the setting and its value when one is out of range.
     """
 
     def __init__(
@@ -94,18 +138,23 @@ class HistoryStore:
         max_points: int = DEFAULT_MAX_POINTS,
         trend_interval_s: float = DEFAULT_TREND_INTERVAL_S,
         max_pods: int = DEFAULT_MAX_PODS,
+        watch_interval_s: float = DEFAULT_WATCH_INTERVAL_S,
     ) -> None:
         if window_s <= 0 or max_points < 3:
             raise ValueError(f"history: window_s must be > 0 and max_points >= 3, got {window_s}, {max_points}")
         if trend_interval_s < 0:
             raise ValueError(f"history: trend_interval_s must be >= 0, got {trend_interval_s}")
+        if watch_interval_s < 0:
+            raise ValueError(f"history: watch_interval_s must be >= 0, got {watch_interval_s}")
         self.window_s = window_s
         self.max_points = max_points
         self.trend_interval_s = trend_interval_s
+        self.watch_interval_s = min(watch_interval_s, trend_interval_s)
         self.max_pods = max_pods
         self._histories: dict[str, PodHistory] = {}
         self._last_seen: dict[str, float] = {}
-        self._trends: dict[str, tuple[float, TrendFeatures]] = {}
+        self._trends: dict[str, _Computed] = {}
+        self.refreshes = 0  # trend computations so far (the agent benchmark counts them)
 
     def add(self, t: float, values: Mapping[str, int | None]) -> None:
         """Record one sample at time ``t`` (seconds, not decreasing): pod uid →
@@ -129,20 +178,32 @@ class HistoryStore:
             self._trends.pop(uid, None)
 
     def trend(self, uid: str, now: float) -> TrendFeatures | None:
-        """The pod's trend features at time ``now`` (seconds): recomputed when the
-        last computation is ``trend_interval_s`` old, else the cached ones; None
-        without history. Raises ``ValueError`` as ``compute_trend`` does."""
+        """The pod's trend features at time ``now`` (seconds): recomputed when due
+        (module docstring), else the cached ones; None without history. Raises
+        ``ValueError`` as ``compute_trend`` does."""
         history = self._histories.get(uid)
         if history is None or not len(history):
             return None
         cached = self._trends.get(uid)
-        if cached is not None and now - cached[0] < self.trend_interval_s:
-            return cached[1]
-        features = compute_trend(list(history.times), list(history.values))
+        if cached is not None and not self._due(cached, history, now):
+            return cached.features
+        features = compute_trend(list(history.times), list(history.values), list(history.counts))
+        self.refreshes += 1
         # The first computation is back-dated by a per-pod offset: refreshes spread out.
         offset = (zlib.crc32(uid.encode()) % 1000) / 1000 * self.trend_interval_s if cached is None else 0.0
-        self._trends[uid] = (now - offset, features)
+        spread = max(history.values[-CHECK_SPREAD_POINTS:]) - min(history.values[-CHECK_SPREAD_POINTS:])
+        watched = _watched(features) or _floor_rising(history)
+        self._trends[uid] = _Computed(now - offset, features, _recent_floor(history), spread, watched)
         return features
+
+    def _due(self, cached: _Computed, history: PodHistory, now: float) -> bool:
+        age = now - cached.at
+        if age >= (self.watch_interval_s if cached.watched else self.trend_interval_s):
+            return True
+        # The cheap check: has the floor risen since? At most once per history bucket.
+        rise = _recent_floor(history) - cached.floor
+        margin = max(CHECK_RISE_BYTES, CHECK_RISE_FRACTION * cached.floor, cached.spread)
+        return age >= history.bucket_s and rise >= margin
 
     def trends(self, uids: Iterable[str], now: float) -> dict[str, TrendFeatures]:
         """Trend features (``trend``) of each pod in ``uids`` that has a history."""
@@ -155,3 +216,27 @@ class HistoryStore:
 
     def __len__(self) -> int:
         return len(self._histories)
+
+
+def _recent_floor(history: PodHistory) -> float:
+    """The lowest of the last ``CHECK_POINTS`` points: the recent floor, in O(1)."""
+    return min(history.values[-CHECK_POINTS:])
+
+
+def _floor_rising(history: PodHistory) -> bool:
+    """Whether the floor of the last ``CHECK_SPREAD_POINTS`` points is above the floor
+    of the ten points before the five before them, by ``CHECK_RISE_BYTES`` and
+    ``CHECK_RISE_FRACTION``: a rise the features may not show yet."""
+    values = history.values
+    if len(values) < 20:
+        return False
+    recent, before = min(values[-CHECK_SPREAD_POINTS:]), min(values[-20:-10])
+    return recent - before >= max(CHECK_RISE_BYTES, CHECK_RISE_FRACTION * before)
+
+
+def _watched(features: TrendFeatures) -> bool:
+    """Whether features show a rise worth refreshing every minute (module docstring)."""
+    if features.leak or features.evidence_seconds is not None or features.rise_seconds is not None:
+        return True
+    growth, low = features.growth_bytes_per_hour, features.growth_low_bytes_per_hour
+    return growth is not None and low is not None and low > 0 and growth >= WATCH_GROWTH_BYTES_PER_HOUR

@@ -64,6 +64,17 @@ def theil_sen(y: npt.ArrayLike, x: npt.ArrayLike, alpha: float = 0.95) -> TheilS
     return TheilSen(slope, intercept, float(slopes[lower]), float(slopes[upper]))
 
 
+def median_slope(y: np.ndarray, x: np.ndarray) -> float:
+    """The Theil–Sen slope alone (the median of the pairwise slopes), without its
+    interval: for tests that only compare slopes. ``x`` increasing, 1-D float
+    arrays of one length; NaN with fewer than 2 points."""
+    dx = x[None, :] - x[:, None]
+    rising = dx > 0
+    if not rising.any():
+        return float("nan")
+    return median((y[None, :] - y[:, None])[rising] / dx[rising])
+
+
 def median(values: np.ndarray) -> float:
     """``np.median`` of a non-empty 1-D float array without NaN, by sorting: the
     same value, at a fraction of np.median's overhead on a few dozen points."""

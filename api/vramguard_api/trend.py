@@ -14,16 +14,7 @@ from typing import Annotated
 import numpy as np
 from pydantic import BeforeValidator, Field
 
-from .leak import (
-    DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
-    DEFAULT_MIN_WINDOW_SECONDS,
-    Samples,
-    current_segment,
-    fit_rise,
-    floor_points,
-    is_leak,
-    validate_series,
-)
+from .leak import Samples, analyse, decide
 from .meta import APIModel
 from .units import GO_DURATION_MAX_NS, MAX_BYTES
 
@@ -101,48 +92,74 @@ class TrendFeatures(APIModel):
         description="How long before the window's last sample the steady rise began, seconds; "
         "absent when the floor does not rise steadily. At most 9223372036.854775807.",
     )
+    evidence_seconds: Figure = Field(
+        default=None,
+        alias="evidenceSeconds",
+        ge=0,
+        le=MAX_REPORT_SECONDS,
+        description="How long the recent rise of the floor (1-minute floor, from a flat baseline, clean and still "
+        "climbing) has lasted, seconds; absent when there is none. At most 9223372036.854775807.",
+    )
+    evidence_growth_bytes_per_hour: Figure = Field(
+        default=None,
+        alias="evidenceGrowthBytesPerHour",
+        ge=-MAX_BYTES,
+        le=MAX_BYTES,
+        description="Robust growth rate of that recent rise, bytes per hour; within ±2^53.",
+    )
+    evidence_growth_low_bytes_per_hour: Figure = Field(
+        default=None,
+        alias="evidenceGrowthLowBytesPerHour",
+        ge=-MAX_BYTES,
+        le=MAX_BYTES,
+        description="Lower 95% confidence bound of that recent rise's growth rate, bytes per hour; within ±2^53.",
+    )
     leak: bool | None = Field(
         default=None,
         description="Whether the window shows a leak at the default thresholds (growth of 200Mi per hour "
-        "or more, rising for 30m or more); absent with fewer than 3 samples.",
+        "or more, rising for 30m or more; or a recent rise of 7m or more whose lower bound grows at "
+        "200Mi per hour or more); absent with fewer than 3 samples.",
     )
 
 
-def compute_trend(times_s: Samples, values_bytes: Samples) -> TrendFeatures:
+def compute_trend(times_s: Samples, values_bytes: Samples, counts: Samples | None = None) -> TrendFeatures:
     """Compute trend features of one VRAM series.
 
     ``times_s`` are sample times in seconds (increasing), ``values_bytes`` the
     VRAM in bytes at those times (same length; unknown samples left out by the
-    caller, zeros from failed reads or restarts kept). Fewer than 3 samples, or
-    fewer than 3 since the last restart, give no growth figures. Raises
-    ``ValueError`` as :func:`vramguard_api.leak.detect_leak` does.
+    caller, zeros from failed reads or restarts kept); ``counts``: how many raw
+    samples each value is the minimum of (the agent's history buckets; None: one
+    each). Fewer than 3 samples, or fewer than 3 since the last restart, give no
+    growth figures. Raises ``ValueError`` as :func:`vramguard_api.leak.detect_leak` does.
     """
-    t, v = validate_series(times_s, values_bytes)
     n = len(times_s)
     window = float(times_s[-1] - times_s[0]) if n else 0.0
-    if t.size < 3 or window <= 0:
+    a = analyse(times_s, values_bytes, counts)
+    if a.t.size < 3 or window <= 0:
         return TrendFeatures(windowSeconds=window, samples=n)
-    st, sv = current_segment(t, v)
-    floor = floor_points(st, sv) if st.size >= 3 else None
-    rise = fit_rise(st, sv, floor)
+    rise, fast = a.rise, a.fast
     if rise is None:
         return TrendFeatures(windowSeconds=window, samples=n, leak=False)
-    return TrendFeatures(
+    features = TrendFeatures(
         windowSeconds=window,
         samples=n,
         growthBytesPerHour=rise.growth_bytes_per_hour,
         growthLowBytesPerHour=rise.growth_low_bytes_per_hour,
-        floorRiseBytes=_floor_rise(*floor) if floor is not None else None,
+        floorRiseBytes=_floor_rise(*a.floor) if a.floor is not None else None,
         riseSeconds=rise.rise_seconds if rise.structural else None,
         onsetSeconds=rise.end_t_seconds - rise.onset_t_seconds if rise.structural else None,
-        leak=is_leak(
-            rise.structural,
-            rise.rise_seconds,
-            rise.growth_bytes_per_hour,
-            DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
-            DEFAULT_MIN_WINDOW_SECONDS,
-        ),
+        evidenceSeconds=fast.seconds if fast is not None else None,
+        evidenceGrowthBytesPerHour=fast.growth_bytes_per_hour if fast is not None else None,
+        evidenceGrowthLowBytesPerHour=fast.growth_low_bytes_per_hour if fast is not None else None,
     )
+    features.leak = decide(
+        structural=rise.structural,
+        rise_seconds=features.rise_seconds,
+        growth_bytes_per_hour=features.growth_bytes_per_hour,
+        evidence_seconds=features.evidence_seconds,
+        evidence_low_bytes_per_hour=features.evidence_growth_low_bytes_per_hour,
+    )
+    return features
 
 
 def _floor_rise(ft: np.ndarray, fv: np.ndarray) -> float:

@@ -7,10 +7,13 @@ features from the recorded series with the same function, so both apply this
 rule to the same numbers.
 
 Rule (a violation *holds*): ``vramguard_api.leak.leak_from_trend`` with the
-budget's ``minGrowthPerHour`` and ``minWindow`` — the very decision
-``detect_leak`` makes on the agent's history. It needs the structural-rise onset
-(``onsetSeconds``/``riseSeconds``), which the agent reports only when the floor
-rises steadily: features without one are no leak, however steep the growth.
+budget's ``minGrowthPerHour``, ``minWindow`` and ``minEvidence`` — the very
+decision ``detect_leak`` makes on the agent's history. It needs a rise the
+agent reported: a structural rise (``riseSeconds``, the slow path: a leak from
+``minWindow`` on) or a recent rise from a flat floor (``evidenceSeconds`` with
+``evidenceGrowthLowBytesPerHour``, the fast path: a leak from ``minEvidence``
+on when that lower bound reaches ``minGrowthPerHour``). Features without either
+are no leak, however steep the growth.
 
 Hysteresis: an open Leak violation closes only when the rule no longer holds
 *and* the point estimate ``growthBytesPerHour`` is below ``minGrowthPerHour``;
@@ -23,18 +26,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramguard_api.budget import LeakDetection
-from vramguard_api.leak import leak_from_trend
+from vramguard_api.leak import DEFAULT_MIN_EVIDENCE_SECONDS, leak_from_trend, verdict_growth
 from vramguard_api.trend import TrendFeatures
 from vramguard_api.units import parse_duration, quantity_to_bytes
 
 
 @dataclass(frozen=True, slots=True)
 class LeakThresholds:
-    """``spec.leakDetection`` in numbers: bytes per hour and seconds."""
+    """``spec.leakDetection`` in numbers: bytes per hour and seconds (``minEvidence``
+    defaults to the API's 7m for thresholds built without it)."""
 
     min_growth_bytes_per_hour: float
     min_window_seconds: float
     evict_before_seconds: float | None
+    min_evidence_seconds: float = DEFAULT_MIN_EVIDENCE_SECONDS
 
     @classmethod
     def of(cls, ld: LeakDetection) -> LeakThresholds:
@@ -47,6 +52,7 @@ class LeakThresholds:
             evict_before_seconds=None
             if ld.evict_before is None
             else parse_duration(ld.evict_before, "spec.leakDetection.evictBefore"),
+            min_evidence_seconds=parse_duration(ld.min_evidence, "spec.leakDetection.minEvidence"),
         )
 
 
@@ -59,6 +65,19 @@ def leak_holds(trend: TrendFeatures, th: LeakThresholds) -> bool | None:
         trend,
         min_growth_bytes_per_hour=th.min_growth_bytes_per_hour,
         min_window_seconds=th.min_window_seconds,
+        min_evidence_seconds=th.min_evidence_seconds,
+    )
+
+
+def leak_growth(trend: TrendFeatures, th: LeakThresholds) -> tuple[float | None, float | None]:
+    """(growth, lower bound), bytes per hour, of the rise the rule rests on
+    (``vramguard_api.leak.verdict_growth``): what the Event shows and the
+    projection to the limit uses."""
+    return verdict_growth(
+        trend,
+        min_growth_bytes_per_hour=th.min_growth_bytes_per_hour,
+        min_window_seconds=th.min_window_seconds,
+        min_evidence_seconds=th.min_evidence_seconds,
     )
 
 

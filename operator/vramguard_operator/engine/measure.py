@@ -19,7 +19,7 @@ from vramguard_api.trend import TrendFeatures
 from vramguard_api.usage import NodeGPUUsage, PodUsage
 from vramguard_operator.engine.inputs import PodFacts
 from vramguard_operator.engine.keys import ViolationKey
-from vramguard_operator.engine.leak_rule import LeakThresholds, leak_cleared, leak_holds
+from vramguard_operator.engine.leak_rule import LeakThresholds, leak_cleared, leak_growth, leak_holds
 
 DataState = Literal["Fresh", "Stale", "Missing"]
 
@@ -166,14 +166,14 @@ def leak_measure(key: ViolationKey, d: PodData, lim: BudgetLimits, now: datetime
     if trend is None or d.vram is None:
         return Measure(key, None, limit, None, None, None, None, d)
     holds = leak_holds(trend, th)
-    growth = trend.growth_bytes_per_hour
+    growth, low = leak_growth(trend, th)  # of the rise the verdict rests on
     observed = None if growth is None else max(0, int(growth))
     cap = vram_cap(lim, d)
     left = seconds_to_limit(d.vram, cap, growth)
     projected = None
     if left is not None and th.evict_before_seconds is not None:
         projected = now + timedelta(seconds=max(0.0, left - th.evict_before_seconds))
-    figures = LeakFigures(growth, trend.growth_low_bytes_per_hour, trend.window_seconds, cap, left)
+    figures = LeakFigures(growth, low, trend.window_seconds, cap, left)
     over_pause = None if holds is None else not holds
     return Measure(key, observed, limit, holds, holds, leak_cleared(trend, th), over_pause, d, figures, projected)
 

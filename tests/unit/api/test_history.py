@@ -3,6 +3,7 @@ the agent, `vramguard replay` and the leak benchmark."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from vramguard_api.history import HistoryStore, PodHistory
@@ -86,3 +87,49 @@ def test_invalid_settings_are_refused():
         HistoryStore(window_s=60.0, max_points=2)
     with pytest.raises(ValueError, match="trend_interval_s must be >= 0, got -1"):
         HistoryStore(trend_interval_s=-1.0)
+
+
+def test_points_count_their_samples():
+    h = PodHistory(window_s=100.0, max_points=10)
+    for t in (0.0, 3.0, 6.0, 12.0, 21.0):
+        h.add(t, GIB)
+    assert list(h.counts) == [3, 1, 1]
+
+
+def refreshes_per_hour(store: HistoryStore, uid: str, value) -> list[float]:
+    """Feed an hour of 10-s samples (``value(t)`` bytes) after an hour of flat; the
+    times (s) at which the pod's features were recomputed in the second hour."""
+    seen, last = [], None
+    for t in range(0, 7200, 10):
+        store.add(float(t), {uid: int(8 * GIB + (value(t - 3600) if t >= 3600 else 0))})
+        features = store.trend(uid, float(t))
+        if t >= 3600 and features is not last:
+            seen.append(float(t))
+        last = features
+    return seen
+
+
+def test_a_quiet_pod_is_refreshed_every_trend_interval():
+    times = refreshes_per_hour(HistoryStore(), "quiet", lambda t: (t % 40) * MIB)
+    assert 11 <= len(times) <= 13  # every 5 minutes
+
+
+def test_a_rising_pod_is_watched_and_refreshed_every_minute():
+    store = HistoryStore()
+    times = refreshes_per_hour(store, "leaky", lambda t: 4 * GIB * t / 3600)
+    gaps = np.diff(times)
+    assert times[0] - 3600 <= 240  # the cheap check saw the floor rise within minutes
+    assert np.median(gaps) <= 60 and len(times) >= 50
+    assert store.trend("leaky", 7190.0).leak
+
+
+def test_the_cheap_check_ignores_a_sawtooth_of_minutes():
+    # A 4 GiB sawtooth with a 5-minute period moves a one-minute floor by GiBs.
+    times = refreshes_per_hour(HistoryStore(), "saw", lambda t: (t % 300) / 300 * 4 * GIB)
+    assert len(times) <= 14
+
+
+def test_watch_interval_is_checked():
+    with pytest.raises(ValueError, match="watch_interval_s must be >= 0, got -1"):
+        HistoryStore(watch_interval_s=-1.0)
+    assert HistoryStore(trend_interval_s=30.0).watch_interval_s == 30.0  # never slower than quiet pods

@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.leak_corpora.tuning import CORPUS, trace
 from vramguard_operator.cli.main import main
-
-from .corpus import CORPUS, trace
 
 MIB, GIB = 2**20, 2**30
 ROOT = Path(__file__).resolve().parents[3]
@@ -75,6 +74,9 @@ def test_plain_csv_leak_with_limit(capsys):
         "onset_t_seconds",
         "time_to_limit_seconds",
         "samples",
+        "evidence_seconds",
+        "too_short",
+        "needed_seconds",
     }
     assert obj["leak"] is True and obj["samples"] == trace(LEAKING).t.size
     assert obj["growth_bytes_per_hour"] == pytest.approx(
@@ -241,3 +243,121 @@ def test_the_installed_command_runs(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["leak"] is False
+
+
+# --- step-indexed logs, too short to judge, pictures ---------------------------------
+
+
+def step_log(path: Path, header: str, steps: np.ndarray, values: np.ndarray, unit: str = "") -> Path:
+    lines = [header] if header else []
+    lines += [f"{int(s)},{v:.0f}{unit}" for s, v in zip(steps, values, strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_step_indexed_log_with_interval_reads_like_the_timed_one(tmp_path, capsys):
+    tr = trace(LEAKING)
+    dt = float(np.median(np.diff(tr.t)))
+    steps = np.rint(tr.t / dt) * 10  # logged every 10 steps, dt/10 seconds per step
+    path = step_log(tmp_path / "steps.csv", "step,memory [MiB]", steps, tr.v / MIB)
+    code, out, _ = analyze(capsys, str(path), "--interval", f"{dt / 10:g}s", "--json")
+    [stepped] = objects(out)
+    timed_code, timed_out, _ = analyze(capsys, str(CORPUS / LEAKING), "--json")
+    [timed] = objects(timed_out)
+    assert code == timed_code == 1 and stepped["leak"] is True
+    assert stepped["growth_bytes_per_hour"] == pytest.approx(timed["growth_bytes_per_hour"], rel=0.05)
+    assert stepped["onset_t_seconds"] == pytest.approx(timed["onset_t_seconds"], abs=10 * 60)
+
+
+def test_a_column_of_values_with_units_and_an_interval(tmp_path, capsys):
+    values = [f"{20 * 1024 + (i // 20) * 30} MiB" for i in range(400)]  # 30 MiB every 20 steps of 3 s: 1.8 GiB/h
+    (tmp_path / "values.csv").write_text("\n".join(values) + "\n")
+    code, out, _ = analyze(capsys, str(tmp_path / "values.csv"), "--interval", "3s", "--json")
+    [obj] = objects(out)
+    assert obj["samples"] == 400 and obj["growth_bytes_per_hour"] == pytest.approx(1800 * MIB, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "message"),
+    [
+        ("step,bytes\n0,1\n1,2\n", [], "needs --interval, the time per step"),
+        ("1\n2\n3\n", [], "needs --interval"),
+        ("t_seconds,bytes\n0,1\n1,2\n", ["--interval", "2s"], "--interval is for logs indexed by step"),
+        ("step,bytes\n0,1\n5,2\n3,3\n", ["--interval", "2s"], "line 4: step must increase, got 3 after 5"),
+        ("step,bytes\n0,1\n1,2\n", ["--interval", "0s"], "--interval must be above 0s"),
+    ],
+)
+def test_step_log_errors(tmp_path, capsys, text, args, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    code, _, err = analyze(capsys, str(path), *args)
+    assert code == 2 and message in err
+
+
+def test_nvidia_smi_log_with_an_interval_is_refused(tmp_path, capsys):
+    path = tmp_path / "gpu.csv"
+    path.write_text(gpu_log(FLAT))
+    code, _, err = analyze(capsys, str(path), "--interval", "2s")
+    assert code == 2 and "this one has timestamps" in err
+
+
+def test_a_short_log_is_too_short_to_judge_and_says_how_much_is_needed(tmp_path, capsys):
+    tr = trace(LEAKING)
+    short = tr.t < 6 * 60
+    path = tmp_path / "short.csv"
+    path.write_text("t_seconds,bytes\n" + "".join(f"{t},{int(v)}\n" for t, v in zip(tr.t[short], tr.v[short], strict=True)))
+    code, out, _ = analyze(capsys, str(path))
+    assert code == 0 and "leak: no" in out
+    [line] = [x for x in out.splitlines() if "too short to judge" in x]
+    assert f"{int(short.sum())} samples over" in line and "are needed to call a leak at this noise" in line
+    code, out, _ = analyze(capsys, str(path), "--json")
+    [obj] = objects(out)
+    assert obj["too_short"] is True and 7 * 60 < obj["needed_seconds"] <= 30 * 60
+    code, out, _ = analyze(capsys, str(CORPUS / FLAT), "--json")
+    assert objects(out)[0]["too_short"] is False
+
+
+def test_text_output_has_a_sparkline_of_the_floor(capsys):
+    code, out, _ = analyze(capsys, str(CORPUS / LEAKING))
+    [line] = [x for x in out.splitlines() if x.startswith("  floor ")]
+    bars = line.split()[1]
+    assert len(bars) == 48 and bars[0] in "▁_" and bars[-1] in "█#"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG file, after checking its signature, the CRC of every
+    chunk, and that it starts with IHDR and ends with IEND (the PNG specification)."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, kinds = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, kind
+        kinds.append(kind)
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        pos += 12 + length
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and b"IDAT" in kinds
+    return width, height
+
+
+def test_plot_writes_a_png_of_one_panel_per_series(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "verdict.png"
+    code, _, _ = analyze(capsys, str(CORPUS / LEAKING), "--limit", "40Gi", "--plot", str(out))
+    assert code == 1 and png_size(out) == (1000, 500)
+    log = tmp_path / "apps.csv"
+    log.write_text(apps_log())
+    code, _, _ = analyze(capsys, str(log), "--plot", str(out))
+    assert png_size(out) == (1000, 1000)
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    code, _, err = analyze(capsys, str(CORPUS / FLAT), "--plot", str(tmp_path / "x.png"))
+    assert code == 2 and "pip install 'vramguard[plot]'" in err and not (tmp_path / "x.png").exists()

@@ -9,18 +9,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.leak_corpora.tuning import names, trace
 from vramguard_api.leak import (
     LeakResult,
+    analyse,
     current_segment,
     detect_leak,
     fit_rise,
     leak_from_trend,
+    needed_seconds,
     seconds_to_limit,
     validate_series,
+    verdict_growth,
 )
 from vramguard_api.trend import compute_trend
-
-from .corpus import names, trace
 
 MIB, GIB, MINUTE, HOUR = 2**20, 2**30, 60.0, 3600.0
 PROPERTIES = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -86,7 +88,7 @@ def test_thresholds_decide_rate_and_duration():
     assert not detect_leak(t, v, min_growth_bytes_per_hour=500 * MIB).leak
     assert not detect_leak(t, v, min_window_seconds=3 * HOUR).leak
     short_t, short_v = series(20, rate_mib_h=400, seed=3)
-    assert not detect_leak(short_t, short_v).leak  # 20 minutes is not 30
+    assert not detect_leak(short_t, short_v).leak  # 20 minutes is not 30, and no flat floor before it
 
 
 def test_limit_already_reached_projects_zero():
@@ -138,6 +140,8 @@ def test_bad_input_names_the_argument(times, values, message):
 def test_negative_thresholds_are_refused():
     with pytest.raises(ValueError, match="min_growth_bytes_per_hour"):
         detect_leak([0, 1, 2], [1, 2, 3], min_growth_bytes_per_hour=-1)
+    with pytest.raises(ValueError, match=r"min_evidence_seconds \(-1\)"):
+        detect_leak([0, 1, 2], [1, 2, 3], min_evidence_seconds=-1)
 
 
 # --- restarts and dropouts --------------------------------------------------------------
@@ -254,25 +258,121 @@ def test_outliers_and_dropouts_do_not_hide_a_leak(seed, dropouts, spikes):
     assert result.growth_bytes_per_hour == pytest.approx(1000 * MIB, rel=0.2)
 
 
+# --- the fast path: evidence before minWindow -------------------------------------------
+
+
+def flat_then(minutes_flat: float, minutes: float, shape, *, dt: float = 10.0, seed: int = 0):
+    """A flat training loop (a 2 GiB sawtooth sampled at random phases, 8 MiB of noise)
+    for ``minutes_flat``, then ``shape(seconds since) -> bytes`` added for ``minutes``."""
+    t, v = series(minutes_flat + minutes, dt=dt, saw_gib=2, seed=seed)
+    return t, v + np.rint(shape(np.maximum(t - minutes_flat * MINUTE, 0.0)) / MIB) * MIB
+
+
+def first_leak(t, v, after_s: float, **thresholds) -> float | None:
+    """Minutes after ``after_s`` at which a prefix is first called a leak (every minute)."""
+    for end in np.arange(after_s + MINUTE, t[-1] + 1, MINUTE):
+        if detect_leak(*prefix(t, v, end), **thresholds).leak:
+            return (end - after_s) / MINUTE
+    return None
+
+
+def prefix(t, v, end):
+    n = int(np.searchsorted(t, end, side="right"))
+    return t[:n], v[:n]
+
+
+def test_a_fast_clean_leak_after_a_flat_floor_is_called_within_minutes():
+    t, v = flat_then(60, 40, lambda s: 6 * GIB * s / HOUR)
+    found = first_leak(t, v, 60 * MINUTE)
+    assert found is not None and 7 <= found <= 12  # minEvidence (7m) on, far before minWindow (30m)
+    result = detect_leak(*prefix(t, v, (60 + found) * MINUTE))
+    assert result.growth_bytes_per_hour == pytest.approx(6 * GIB, rel=0.2)
+    assert result.evidence_seconds is not None and result.evidence_seconds >= 7 * MINUTE
+    assert result.onset_t_seconds == pytest.approx(60 * MINUTE, abs=2 * MINUTE)
+
+
+def test_min_evidence_bounds_the_fast_path_and_at_min_window_turns_it_off():
+    t, v = flat_then(60, 40, lambda s: 6 * GIB * s / HOUR)
+    assert first_leak(t, v, 60 * MINUTE, min_evidence_seconds=15 * MINUTE) >= 15
+    late = first_leak(t, v, 60 * MINUTE, min_evidence_seconds=30 * MINUTE)
+    assert late is not None and late >= 30  # the slow path alone
+
+
+def test_a_slow_leak_needs_longer_than_a_fast_one():
+    # 300 MiB/h: its lower bound reaches 200 MiB/h only after a long rise.
+    slow_t, slow_v = flat_then(60, 60, lambda s: 300 * MIB * s / HOUR)
+    fast_t, fast_v = flat_then(60, 60, lambda s: 3 * GIB * s / HOUR)
+    slow, fast = first_leak(slow_t, slow_v, 60 * MINUTE), first_leak(fast_t, fast_v, 60 * MINUTE)
+    assert slow is not None and fast is not None and fast + 5 <= slow <= 45
+
+
+def test_the_same_fast_leak_from_the_process_start_waits_for_min_window():
+    # No flat floor before it: a warm-up or the first of a cycle's rises look the same.
+    t, v = flat_then(0, 60, lambda s: 6 * GIB * s / HOUR)
+    found = first_leak(t, v, 0.0)
+    assert found is not None and found >= 30
+
+
+@pytest.mark.parametrize("tau_s", [60.0, 120.0, 180.0])
+def test_a_cache_that_fills_up_and_stops_is_no_leak(tau_s):
+    t, v = flat_then(60, 60, lambda s: 4 * GIB * (1 - np.exp(-s / tau_s)))
+    assert first_leak(t, v, 60 * MINUTE) is None
+
+
+def test_a_step_up_is_no_leak():
+    t, v = flat_then(60, 60, lambda s: np.where(s > 0, 3 * GIB, 0.0))
+    assert first_leak(t, v, 60 * MINUTE) is None
+
+
+def test_a_rise_out_of_a_trough_is_not_called_early():
+    # Falling for 15 minutes, then rising at the same pace: a load cycle, not a flat floor.
+    t, v = flat_then(40, 40, lambda s: 4 * GIB * np.abs(s - 15 * MINUTE) / HOUR - 1 * GIB)
+    found = first_leak(t, v, 55 * MINUTE)
+    assert found is None or found >= 25
+
+
+def test_counts_must_match_the_times():
+    t, v = series(60)
+    with pytest.raises(ValueError, match="counts"):
+        analyse(t, v, np.ones(t.size - 1))
+    with pytest.raises(ValueError, match="counts"):
+        analyse(t, v, np.zeros(t.size))
+
+
+def test_too_short_to_judge_depends_on_the_noise():
+    quiet_t, quiet_v = series(6, noise_mib=2)
+    noisy_t, noisy_v = series(6, saw_gib=8)
+    quiet, noisy = needed_seconds(analyse(quiet_t, quiet_v)), needed_seconds(analyse(noisy_t, noisy_v))
+    assert 7 * MINUTE < quiet < noisy <= 30 * MINUTE
+
+
 # --- the same verdict from a node report ------------------------------------------------
+
+THRESHOLDS = (
+    (200 * MIB, 1800.0, 420.0),
+    (1 * GIB, 1800.0, 420.0),
+    (100 * MIB, 2700.0, 600.0),
+    (200 * MIB, 1800.0, 1800.0),  # the fast path off
+    (200 * MIB, 3600.0, 300.0),
+)
 
 
 @pytest.mark.parametrize("name", names(leak=True)[::3] + names(leak=False)[::4])
 def test_leak_from_trend_agrees_with_detect_leak(name):
     tr = trace(name)
-    for end in np.arange(1800.0, min(tr.t[-1], 4 * HOUR), 20 * MINUTE):
+    for end in np.arange(1800.0, min(tr.t[-1], 4 * HOUR), 10 * MINUTE):
         t, v = tr.prefix(end)
         t, v = t[t > end - 2 * HOUR], v[t > end - 2 * HOUR]  # the agent keeps two hours
         trend = compute_trend(t.tolist(), v.tolist())
-        for growth, window in ((200 * MIB, 1800.0), (1 * GIB, 1800.0), (100 * MIB, 2700.0)):
-            direct = detect_leak(t, v, min_growth_bytes_per_hour=growth, min_window_seconds=window)
-            assert (
-                leak_from_trend(trend, min_growth_bytes_per_hour=growth, min_window_seconds=window)
-                == direct.leak
-            )
+        for growth, window, evidence in THRESHOLDS:
+            th = {"min_growth_bytes_per_hour": growth, "min_window_seconds": window, "min_evidence_seconds": evidence}
+            direct = detect_leak(t, v, **th)
+            assert leak_from_trend(trend, **th) == direct.leak
+            if direct.leak:  # the growth the verdict rests on, as the operator shows and projects it
+                assert verdict_growth(trend, **th)[0] == pytest.approx(direct.growth_bytes_per_hour)
         default = detect_leak(t, v)
         assert trend.leak == default.leak
-        # Too few samples since a restart: no figures in the report, zero from detect_leak.
-        assert (trend.growth_bytes_per_hour or 0.0) == pytest.approx(default.growth_bytes_per_hour)
         if trend.onset_seconds is not None:
             assert trend.rise_seconds is not None and 0 <= trend.rise_seconds <= trend.onset_seconds
+        if trend.evidence_seconds is not None:
+            assert trend.evidence_growth_low_bytes_per_hour is not None

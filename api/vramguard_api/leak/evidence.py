@@ -1,0 +1,261 @@
+"""The fast path: a recent rise of the floor, clean enough to be called a leak
+before ``minWindow``. See docs/leak-detection.md, "Evidence before minWindow".
+
+The floor is read at a finer grain than the slow path's (blocks of
+``FAST_BLOCK_SECONDS``) over the segment's last ``HORIZON_SECONDS``, each point
+the lowest of itself and its two neighbours (``floor.rolling_floor``: with
+sparse samples a minute often misses a sawtooth's floor, twice in a row now
+and then). A hockey
+stick gives the onset of the recent rise; the rise *qualifies* when all of
+these hold:
+
+- it has ``MIN_POINTS`` floor points or more, and its Theil–Sen growth is
+  measured: the lower 95% bound is at least ``LOW_RATIO`` of the growth, and the
+  rise is ``MIN_SNR`` times the floor's scatter about the line;
+- it is a ramp, not a step nor a warm-up: each half climbs at ``PERSISTENCE`` of
+  the slope, the second half at ``SLOWING`` of the first half's, and no
+  rise-then-plateau fit explains it better;
+- the floor was flat before it: at least ``BASELINE_SECONDS`` of floor before
+  the onset, whose slope is within ``BASELINE_RATIO`` of the rise's and not
+  significantly different from zero (its 95% interval holds 0), and around the
+  level the rise starts from. A rise from
+  the process's start (a warm-up, a first cycle), from the trough of a cycle or
+  after a fall does not qualify: it waits for the slow path's ``minWindow``;
+- it has lasted longer than the longest excursion the segment has already come
+  back down from (a cycle seen before), on the slow path's floor or on the
+  fine floor of the last hour.
+
+A qualifying rise is a leak when it has lasted ``minEvidence`` and the lower
+bound of its growth is at least ``minGrowthPerHour`` (``leak.decide``): a fast,
+clean rise is certain within minutes, a slow or noisy one never reaches the
+bound that soon and waits for the slow path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..robust import TheilSen, median, median_slope, theil_sen
+from .floor import floor_points, rolling_floor
+from .rise import longest_excursion, onset_index, persists, rise_end, scatter
+
+HOUR = 3600.0
+
+FAST_BLOCK_SECONDS = 60.0
+"""Floor block of the fast path: the agent's history resolution (1-minute minima)."""
+WIDTHS = (1, 2, 4, 8)
+WANDER = 2.0
+"""The fast block is the shortest of ``FAST_BLOCK_SECONDS`` times ``WIDTHS`` whose
+floor wanders at most ``WANDER`` times as much as the steadiest's (``_fine_floor``)."""
+FAST_BLOCK_SAMPLES = 4
+"""Fast blocks widen to hold this many raw samples when sampling is sparse: a
+training step spends about a fifth of its time at its floor, and four samples
+catch it more often than not (with the rolling floor, almost always)."""
+HORIZON_SECONDS = 3600.0
+"""The fast path reads the segment's last hour: a rise longer than ``minWindow`` is
+the slow path's."""
+MIN_POINTS = 5
+CONFIDENCE = 0.95
+LOW_RATIO = 0.25
+"""The lower bound of the growth must be at least this fraction of the growth."""
+MIN_SNR = 4.0
+PERSISTENCE = 0.5
+"""Each half of the rise climbs at this fraction of its slope."""
+SLOWING = 0.6
+"""The second half of the rise climbs at this fraction of the first half's slope or more."""
+BENDING = 0.15
+"""A parabola through the rise may bend it down at its ends by at most this fraction
+of the rise (a saturating fill of three time constants bends about 0.4)."""
+PLATEAU_GAIN = 0.3
+BASELINE_SECONDS = 600.0
+"""The floor before the onset that must have been flat: longer than a model load or
+an aliased sawtooth's trough (and at least ``BASELINE_BLOCKS`` fast blocks)."""
+BASELINE_BLOCKS = 6
+BASELINE_RATIO = 0.25
+BASELINE_DRIFT = 0.05
+"""The baseline's slope may be at most ``BASELINE_RATIO`` of the rise's, either way,
+and must not differ significantly from zero unless it is within ``BASELINE_DRIFT``
+of the rise's (a quiet floor drifts measurably but slowly)."""
+BASELINE_SIGMAS = 6.0
+BASELINE_STRAYS = 0.1
+"""At most this share of the baseline may lie more than ``BASELINE_SIGMAS`` robust
+deviations (and 32 MiB) from its median."""
+MIB_32 = 32 * 2**20
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The recent rise of a segment's fine floor.
+
+    ``onset_t_seconds`` to ``end_t_seconds`` (the last floor point): the rise,
+    ``seconds`` long; its growth ``intercept_bytes + growth * t / 3600`` with the
+    95% interval (bytes per hour); ``objection``: the first condition of the
+    module docstring it fails, in words (None: it qualifies); ``floor``: the fine
+    floor points it was fitted on.
+    """
+
+    onset_t_seconds: float
+    end_t_seconds: float
+    growth_bytes_per_hour: float
+    growth_low_bytes_per_hour: float
+    growth_high_bytes_per_hour: float
+    intercept_bytes: float
+    objection: str | None
+    floor: tuple[np.ndarray, np.ndarray]
+
+    @property
+    def seconds(self) -> float:
+        return self.end_t_seconds - self.onset_t_seconds
+
+    @property
+    def qualified(self) -> bool:
+        return self.objection is None
+
+
+def fast_block_seconds(raw_interval_seconds: float) -> float:
+    """The fast path's floor block for raw samples this many seconds apart."""
+    return max(FAST_BLOCK_SECONDS, FAST_BLOCK_SAMPLES * raw_interval_seconds)
+
+
+def baseline_seconds(block_seconds: float) -> float:
+    """The flat floor the fast path needs before an onset, with blocks this long."""
+    return max(BASELINE_SECONDS, BASELINE_BLOCKS * block_seconds)
+
+
+def fit_evidence(
+    st: np.ndarray, sv: np.ndarray, excursion_seconds: float, raw_interval_seconds: float
+) -> Evidence | None:
+    """The recent rise of a segment (``current_segment``'s output); None when the
+    segment's last hour holds too few floor points for a baseline and a rise.
+    ``excursion_seconds``: the longest excursion of the segment (``Rise``);
+    ``raw_interval_seconds``: the time between raw samples (see ``fast_block_seconds``)."""
+    width, ft, fv = _fine_floor(st, sv, fast_block_seconds(raw_interval_seconds))
+    if ft.size < 3:
+        return None
+    baseline = baseline_seconds(width)
+    first = int(np.searchsorted(ft, ft[0] + baseline))  # onsets that leave a baseline
+    if ft.size - first < MIN_POINTS:
+        return None
+    onset = onset_index(ft, fv, MIN_POINTS, first)
+    rt, rv = ft[onset:], fv[onset:]
+    fit = theil_sen(rv, rt, alpha=CONFIDENCE)
+    return Evidence(
+        onset_t_seconds=float(rt[0]),
+        end_t_seconds=float(rt[-1]),
+        growth_bytes_per_hour=float(fit.slope) * HOUR,
+        growth_low_bytes_per_hour=float(fit.low_slope) * HOUR,
+        growth_high_bytes_per_hour=float(fit.high_slope) * HOUR,
+        intercept_bytes=float(fit.intercept),
+        objection=_objection(ft, fv, onset, fit, excursion_seconds, (width, baseline)),
+        floor=(ft, fv),
+    )
+
+
+def _fine_floor(st: np.ndarray, sv: np.ndarray, shortest: float) -> tuple[float, np.ndarray, np.ndarray]:
+    """(block, times, floor) of the fast path: the rolling floor of the segment's
+    recent past in the shortest block of ``shortest`` times 1, 2, 4 or 8 whose
+    floor wanders no more than ``WANDER`` times the steadiest one's. Long training
+    steps (minutes) or sparse samples miss the floor in short blocks, and their
+    floor then wanders with the step; a block as long as a step reads it again.
+    The wander is the robust deviation of the floor's second differences, which
+    a line (a leak) does not raise."""
+    floors = []
+    for k in WIDTHS:
+        width = shortest * k
+        recent = st >= st[-1] - max(HORIZON_SECONDS, 2 * baseline_seconds(width))
+        ft, fv = floor_points(st[recent], sv[recent], width, 1)
+        # No ``misread`` here: its threshold comes from the flat part's noise and would
+        # take the points of a steep rise for misses. The rolling floor handles misses.
+        fv = rolling_floor(fv)
+        d2 = np.diff(fv, n=2)
+        wander = 1.4826 * median(np.abs(d2 - median(d2))) if d2.size >= 3 else np.inf
+        floors.append((width, ft, fv, wander))
+    steadiest = min(f[3] for f in floors)
+    width, ft, fv, _ = next(f for f in floors if f[3] <= WANDER * steadiest + MIB_32)
+    return width, ft, fv
+
+
+def _first_rising(ft: np.ndarray, fv: np.ndarray, onset: int, baseline: float) -> int:
+    """The hockey stick's onset moved up past points still at the baseline's level
+    (within 3 robust deviations of it, and 32 MiB): a curve that rises fast and
+    then levels off (a cache filling up) draws the fitted onset early, onto flat
+    points that would hide its shape from ``_slowing``."""
+    base = fv[(ft >= ft[onset] - baseline) & (ft < ft[onset])]
+    if base.size < 3:
+        return onset
+    top = median(base) + 3 * scatter(base - median(base)) + MIB_32
+    while onset < ft.size - MIN_POINTS and fv[onset + 1] <= top:
+        onset += 1
+    return onset
+
+
+def _objection(
+    ft: np.ndarray, fv: np.ndarray, onset: int, fit: TheilSen, excursion: float, blocks: tuple[float, float]
+) -> str | None:
+    """Why the rise from ``ft[onset]`` does not qualify (module docstring), or None.
+    ``blocks``: the fast block and the baseline, seconds."""
+    slope, low, intercept = fit.slope, fit.low_slope, fit.intercept
+    rt, rv = ft[onset:], fv[onset:]
+    seconds = rt[-1] - rt[0]
+    if rt.size < MIN_POINTS:
+        return "too few points"
+    if not low >= LOW_RATIO * slope > 0:
+        return "growth not measured (confidence interval too wide)"
+    if seconds <= max(excursion, longest_excursion(ft, fv, smooth=True)):
+        return "no longer than an excursion already seen"
+    noise = scatter(rv - (intercept + slope * rt))
+    if slope * seconds < MIN_SNR * noise:
+        return "within the noise"
+    if not persists(rt, rv, slope, PERSISTENCE, True):
+        return "not a steady ramp (a step)"
+    rising = _first_rising(ft, fv, onset, blocks[1])
+    if _slowing(ft[rising:], fv[rising:]) or rise_end(rt, rv, PLATEAU_GAIN) < rt[-1]:
+        return "slowing down (a warm-up, a cache filling up, a step that stops)"
+    return _flat_before(ft[:onset], fv[:onset], rt[0], intercept + slope * rt[0], slope, noise, blocks)
+
+
+def _slowing(rt: np.ndarray, rv: np.ndarray) -> bool:
+    """Whether the rise bends over: the second half climbs at less than ``SLOWING``
+    of the first half's slope, or a parabola through the rise bends it down by
+    more than ``BENDING`` of the rise (a saturating fill, e^(-t/tau), halves its
+    slope every 0.7 tau; a leak keeps it)."""
+    middle = (rt[0] + rt[-1]) / 2
+    first, second = rt <= middle, rt >= middle
+    if median_slope(rv[second], rt[second]) < SLOWING * median_slope(rv[first], rt[first]):
+        return True
+    x = (rt - middle) / (rt[-1] - rt[0])  # -1/2 .. 1/2
+    curve, slope, _ = np.polyfit(x, rv, 2)
+    return bool(slope > 0 and -curve / 4 > BENDING * slope)
+
+
+def _flat_before(
+    bt: np.ndarray, bv: np.ndarray, onset: float, level: float, slope: float, noise: float, blocks: tuple[float, float]
+) -> str | None:
+    """Why the floor did not hold the rise's starting ``level`` for the baseline
+    (``blocks[1]`` seconds) before ``onset``, or None. Held: a slope within
+    ``BASELINE_RATIO`` of the rise's and not significantly different from zero
+    (or within ``BASELINE_DRIFT`` of the rise's), over the whole baseline and over
+    each of its halves (a cycle's trough falls
+    into it or curves out of it); a median near the level: within 3 times the
+    larger of the rise's ``noise`` and the baseline's scatter, and a block's
+    growth; and at most ``BASELINE_STRAYS`` of its points far from its median."""
+    width, baseline = blocks
+    base = bt >= onset - baseline
+    middle = onset - baseline / 2
+    parts = (base, base & (bt < middle), bt >= middle)
+    if any(np.count_nonzero(part) < 3 for part in parts):
+        return "no flat floor before it (the process's start, or too few points)"
+    for part in parts:
+        fit = theil_sen(bv[part], bt[part], alpha=CONFIDENCE)
+        flat = fit.low_slope <= 0 <= fit.high_slope or abs(fit.slope) <= BASELINE_DRIFT * slope
+        if not (abs(fit.slope) <= BASELINE_RATIO * slope and flat):
+            return "the floor before it was not flat"
+    # The onset is known to a block: the level to a block's growth.
+    centre, spread = median(bv[base]), scatter(bv[base] - median(bv[base]))
+    if abs(centre - level) > 3 * max(noise, spread) + slope * width:
+        return "it does not start from the floor before it"
+    # Flat within its own noise: a cycle's trough has edges, a held level at most a stray point.
+    strays = np.count_nonzero(np.abs(bv[base] - centre) > BASELINE_SIGMAS * spread + MIB_32)
+    return "the floor before it was not flat" if strays > BASELINE_STRAYS * np.count_nonzero(base) else None

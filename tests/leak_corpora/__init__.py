@@ -1,0 +1,1 @@
+"""Both labelled leak corpora: the tuning corpus (``tuning``) and the independent one (``independent``)."""

@@ -29,6 +29,10 @@ computed. The schedule adapts to what the pod does:
   refreshed now (at most once per history bucket). A clean leak's first
   minutes are thus seen within a few minutes of its onset rather than up to five.
 
+At most ``max_refreshes`` pods are recomputed per ``trends`` call (the agent's
+tick), those due longest first: when many pods rise at once each is refreshed
+less often, and the tick keeps its CPU budget.
+
 A pod's first computation is back-dated by an offset derived from its uid
 (CRC-32, a fraction of the interval), so that pods that appeared together
 refresh at different samples. The schedule depends only on the sample times,
@@ -40,6 +44,7 @@ Pure: no I/O, no clock (times are passed in), no NVML, no Kubernetes.
 
 from __future__ import annotations
 
+import math
 import zlib
 from array import array
 from collections.abc import Iterable, Mapping
@@ -54,6 +59,10 @@ DEFAULT_TREND_INTERVAL_S = 300.0
 # A watched pod: the fast path reads the 1-minute floor.
 DEFAULT_WATCH_INTERVAL_S = 60.0
 DEFAULT_MAX_PODS = 1024
+# Trend computations per ``trends`` call (one agent tick): about 0.3-0.6 ms each
+# on the development VM, so a tick's history step stays near 3 ms however many
+# pods leak at once (docs/agent.md, the CPU budget).
+DEFAULT_MAX_REFRESHES = 6
 WATCH_GROWTH_BYTES_PER_HOUR = 100 * 2**20
 """Half the default minGrowthPerHour: growth near the threshold is watched."""
 CHECK_POINTS = 3
@@ -127,7 +136,8 @@ class HistoryStore:
     ``window_s`` (seconds, > 0) and ``max_points`` (>= 3) bound each history;
     ``trend_interval_s`` (seconds, >= 0; 0 recomputes on every call) is a quiet
     pod's refresh interval, ``watch_interval_s`` (seconds, >= 0, at most
-    ``trend_interval_s``) a watched pod's; at most ``max_pods`` histories are
+    ``trend_interval_s``) a watched pod's; ``max_refreshes`` (>= 1) caps the
+    recomputations per ``trends`` call; at most ``max_pods`` histories are
     kept (a pod beyond that gets none until others are forgotten). Raises
     ``ValueError`` naming the setting and its value when one is out of range.
     """
@@ -139,6 +149,7 @@ class HistoryStore:
         trend_interval_s: float = DEFAULT_TREND_INTERVAL_S,
         max_pods: int = DEFAULT_MAX_PODS,
         watch_interval_s: float = DEFAULT_WATCH_INTERVAL_S,
+        max_refreshes: int = DEFAULT_MAX_REFRESHES,
     ) -> None:
         if window_s <= 0 or max_points < 3:
             raise ValueError(f"history: window_s must be > 0 and max_points >= 3, got {window_s}, {max_points}")
@@ -146,11 +157,14 @@ class HistoryStore:
             raise ValueError(f"history: trend_interval_s must be >= 0, got {trend_interval_s}")
         if watch_interval_s < 0:
             raise ValueError(f"history: watch_interval_s must be >= 0, got {watch_interval_s}")
+        if max_refreshes < 1:
+            raise ValueError(f"history: max_refreshes must be >= 1, got {max_refreshes}")
         self.window_s = window_s
         self.max_points = max_points
         self.trend_interval_s = trend_interval_s
         self.watch_interval_s = min(watch_interval_s, trend_interval_s)
         self.max_pods = max_pods
+        self.max_refreshes = max_refreshes
         self._histories: dict[str, PodHistory] = {}
         self._last_seen: dict[str, float] = {}
         self._trends: dict[str, _Computed] = {}
@@ -187,6 +201,9 @@ class HistoryStore:
         cached = self._trends.get(uid)
         if cached is not None and not self._due(cached, history, now):
             return cached.features
+        return self._refresh(uid, history, cached, now)
+
+    def _refresh(self, uid: str, history: PodHistory, cached: _Computed | None, now: float) -> TrendFeatures:
         features = compute_trend(list(history.times), list(history.values), list(history.counts))
         self.refreshes += 1
         # The first computation is back-dated by a per-pod offset: refreshes spread out.
@@ -206,12 +223,27 @@ class HistoryStore:
         return age >= history.bucket_s and rise >= margin
 
     def trends(self, uids: Iterable[str], now: float) -> dict[str, TrendFeatures]:
-        """Trend features (``trend``) of each pod in ``uids`` that has a history."""
+        """Trend features (``trend``) of each pod in ``uids`` that has a history, with
+        at most ``max_refreshes`` recomputations in this call (the agent calls it once
+        per tick): the pods due longest are refreshed first, the others keep their
+        last features (a new pod has none yet) and are due again next call."""
         result: dict[str, TrendFeatures] = {}
+        due: list[tuple[float, str, PodHistory, _Computed | None]] = []
         for uid in uids:
-            features = self.trend(uid, now)
-            if features is not None:
-                result[uid] = features
+            history = self._histories.get(uid)
+            if history is None or not len(history):
+                continue
+            cached = self._trends.get(uid)
+            if cached is not None and not self._due(cached, history, now):
+                result[uid] = cached.features
+            else:
+                due.append((-math.inf if cached is None else cached.at, uid, history, cached))
+        due.sort(key=lambda d: (d[0], d[1]))
+        for i, (_, uid, history, cached) in enumerate(due):
+            if i < self.max_refreshes:
+                result[uid] = self._refresh(uid, history, cached, now)
+            elif cached is not None:
+                result[uid] = cached.features
         return result
 
     def __len__(self) -> int:

@@ -140,26 +140,33 @@ def compute_trend(times_s: Samples, values_bytes: Samples, counts: Samples | Non
     rise, fast = a.rise, a.fast
     if rise is None:
         return TrendFeatures(windowSeconds=window, samples=n, leak=False)
-    features = TrendFeatures(
+    rise_seconds = rise.rise_seconds if rise.structural else None
+    evidence_seconds = fast.seconds if fast is not None else None
+    evidence_low = fast.growth_low_bytes_per_hour if fast is not None else None
+    return TrendFeatures(
         windowSeconds=window,
         samples=n,
         growthBytesPerHour=rise.growth_bytes_per_hour,
         growthLowBytesPerHour=rise.growth_low_bytes_per_hour,
         floorRiseBytes=_floor_rise(*a.floor) if a.floor is not None else None,
-        riseSeconds=rise.rise_seconds if rise.structural else None,
+        riseSeconds=rise_seconds,
         onsetSeconds=rise.end_t_seconds - rise.onset_t_seconds if rise.structural else None,
-        evidenceSeconds=fast.seconds if fast is not None else None,
+        evidenceSeconds=evidence_seconds,
         evidenceGrowthBytesPerHour=fast.growth_bytes_per_hour if fast is not None else None,
-        evidenceGrowthLowBytesPerHour=fast.growth_low_bytes_per_hour if fast is not None else None,
+        evidenceGrowthLowBytesPerHour=evidence_low,
+        leak=decide(
+            structural=rise.structural,
+            rise_seconds=rise_seconds,
+            growth_bytes_per_hour=_finite(rise.growth_bytes_per_hour),
+            evidence_seconds=evidence_seconds,
+            evidence_low_bytes_per_hour=_finite(evidence_low),
+        ),
     )
-    features.leak = decide(
-        structural=rise.structural,
-        rise_seconds=features.rise_seconds,
-        growth_bytes_per_hour=features.growth_bytes_per_hour,
-        evidence_seconds=features.evidence_seconds,
-        evidence_low_bytes_per_hour=features.evidence_growth_low_bytes_per_hour,
-    )
-    return features
+
+
+def _finite(value: float | None) -> float | None:
+    """None for NaN, as the report's fields hold it (``Figure``)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _floor_rise(ft: np.ndarray, fv: np.ndarray) -> float:

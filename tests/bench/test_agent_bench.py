@@ -137,16 +137,57 @@ def measure(sampler: Sampler, timed: Timed) -> tuple[float, float]:
     return total * 1000, timed.seconds * 1000
 
 
-def full_history_trend_ms() -> tuple[float, int]:
-    """CPU ms to compute the trend features of 128 pods whose histories are full."""
-    store = HistoryStore(trend_interval_s=0.0)
+def full_history_trend_ms(leak_per_hour: float = 0.0) -> tuple[float, int]:
+    """CPU ms to compute the trend features of 128 pods whose histories are full
+    (flat, or leaking ``leak_per_hour`` bytes per hour over the last 40 minutes:
+    both the slow and the fast path run to the end)."""
+    store = HistoryStore(trend_interval_s=0.0, max_refreshes=PODS)
     step = store.window_s / store.max_points
     for k in range(store.max_points):
         t = k * step
-        store.add(t, {f"pod-{i}": int(8 * GIB + i * 1e6 + t * 1e3 + (k % 7) * 5e7) for i in range(PODS)})
+        leak = max(0.0, t - store.window_s + 2400) * leak_per_hour / 3600
+        store.add(t, {f"pod-{i}": int(8 * GIB + i * 1e6 + t * 1e3 + (k % 7) * 5e7 + leak) for i in range(PODS)})
     start = time.process_time()
     store.trends([f"pod-{i}" for i in range(PODS)], store.window_s)
     return (time.process_time() - start) * 1000, store.max_points
+
+
+def history_ticks(leaking: int, ticks: int = 60) -> dict[str, float]:
+    """The history step of the agent's tick (``HistoryStore.add`` and ``trends`` for
+    128 pods, its defaults: the adaptive schedule) at steady state, when ``leaking``
+    of the pods leak (2 GiB/h under a 1 GiB sawtooth, from 90 minutes on: the
+    schedule watches them and refreshes them every minute). CPU ms per 10-s tick
+    (median, mean, max) and trend refreshes per tick, after two hours of 10-s samples."""
+    store = HistoryStore()
+    uids = [f"pod-{i}" for i in range(PODS)]
+
+    def values(t: float) -> dict[str, int | None]:
+        saw = ((t % 70) / 70) * GIB
+        return {
+            uid: int(8 * GIB + i * 1e6 + saw + (max(0.0, t - 5400) * 2 * GIB / 3600 if i < leaking else 0))
+            for i, uid in enumerate(uids)
+        }
+
+    t = 0.0
+    while t < store.window_s:
+        store.add(t, values(t))
+        store.trends(uids, t)
+        t += 10
+    costs, refreshes = [], store.refreshes
+    for _ in range(ticks):
+        sample = values(t)
+        start = time.process_time()
+        store.add(t, sample)
+        store.trends(uids, t)
+        costs.append((time.process_time() - start) * 1000)
+        t += 10
+    costs.sort()
+    return {
+        "median": costs[len(costs) // 2],
+        "mean": sum(costs) / len(costs),
+        "max": costs[-1],
+        "refreshes_per_tick": (store.refreshes - refreshes) / ticks,
+    }
 
 
 PHASES = ("backend", "attribute", "aggregate", "memory", "history", "report", "digest")
@@ -209,6 +250,12 @@ def ticks(per_pod: int, ram_interval_s: float, root: Path, count: int = 60) -> d
     for _ in range(sampler.history.max_points):
         now[0] += sampler.history.window_s / sampler.history.max_points
         agent.step()
+    # Ten minutes of 10-s ticks first: filling the history a minute a step leaves more
+    # pods due than one tick refreshes (HistoryStore.max_refreshes), a backlog a live
+    # agent, ticking every 10 s from the pods' start, never has.
+    for _ in range(60):
+        now[0] += 10
+        agent.step()
     costs, writes = [], reporter.writes
     for _ in range(count):
         now[0] += 10
@@ -236,6 +283,8 @@ def test_cpu_per_sample(tmp_path, per_pod, bench):
     steady = ticks(per_pod, DEFAULT_REFRESH_S, tmp_path / "steady")
     every = ticks(per_pod, 0.0, tmp_path / "every")
     trend_ms, points = full_history_trend_ms()
+    leaking_ms, _ = full_history_trend_ms(4 * GIB)
+    quiet, some, every_pod = history_ticks(0), history_ticks(8), history_ticks(PODS)
     by_step = steady["phases"]
     processes = DEVICES * PODS if per_pod == DEVICES else PODS
     print(
@@ -252,6 +301,13 @@ def test_cpu_per_sample(tmp_path, per_pod, bench):
         + f"\n  trend features of {PODS} pods with full {points}-point histories: {trend_ms:.1f} ms, spread over"
         f" {DEFAULT_TREND_INTERVAL_S:.0f} s = {trend_ms * 10 / DEFAULT_TREND_INTERVAL_S:.1f} ms per 10-s tick"
         f" (in the mean above)"
+        f"\n  trend features of {PODS} leaking pods (both paths to the end): {leaking_ms:.1f} ms"
+        f" = {leaking_ms / PODS:.2f} ms per pod"
+        f"\n  the history step alone (add + trends, adaptive schedule), per 10-s tick: no pod leaking: median"
+        f" {quiet['median']:.1f} ms, mean {quiet['mean']:.1f} ms ({quiet['refreshes_per_tick']:.1f} refreshes);"
+        f" 8 of {PODS} leaking: median {some['median']:.1f}, mean {some['mean']:.1f} ms"
+        f" ({some['refreshes_per_tick']:.1f} refreshes); all {PODS} leaking: median {every_pod['median']:.1f},"
+        f" mean {every_pod['mean']:.1f} ms ({every_pod['refreshes_per_tick']:.1f} refreshes)"
         f"\n  a /metrics scrape: {steady['scrape']:.1f} ms"
     )
     bench.record("agent.cold_sample_cpu", cold_total - cold_nvml, "ms")
@@ -264,6 +320,11 @@ def test_cpu_per_sample(tmp_path, per_pod, bench):
     for name in ("nvml", *PHASES):
         bench.record(f"agent.step_median_cpu.{name}", by_step[name], "ms")
     bench.record("agent.trend_round_cpu", trend_ms, "ms")
+    bench.record("agent.trend_round_cpu.leaking", leaking_ms, "ms")
+    for name, phase in (("none", quiet), ("8", some), ("all", every_pod)):
+        bench.record(f"agent.history_step_median_cpu.leaking_{name}", phase["median"], "ms")
+        bench.record(f"agent.history_step_mean_cpu.leaking_{name}", phase["mean"], "ms")
+        bench.record(f"agent.trend_refreshes_per_tick.leaking_{name}", phase["refreshes_per_tick"], "refreshes")
     bench.record("agent.trend_cpu_per_tick", trend_ms * 10 / DEFAULT_TREND_INTERVAL_S, "ms")
     bench.record("agent.scrape_cpu", steady["scrape"], "ms")
 

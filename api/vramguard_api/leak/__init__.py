@@ -105,8 +105,7 @@ class Analysis:
     """Everything the decision and a picture of it need, threshold-free.
 
     ``t``, ``v``: the usable samples (NaN dropped); ``st``, ``sv``: the current
-    segment (since the last restart, zeros left out); ``restarts``: times at
-    which a new process started; ``floor``: the slow path's floor points (time,
+    segment (since the last restart, zeros left out); ``floor``: the slow path's floor points (time,
     bytes); ``rise``: the slow path's fit (None when the segment is too short);
     ``evidence``: the fast path's (None when too short);
     ``raw_interval_seconds``: the time between raw samples.
@@ -116,11 +115,16 @@ class Analysis:
     v: np.ndarray
     st: np.ndarray
     sv: np.ndarray
-    restarts: list[float]
     floor: tuple[np.ndarray, np.ndarray] | None
     rise: Rise | None
     evidence: Evidence | None
     raw_interval_seconds: float
+
+    @property
+    def restarts(self) -> list[float]:
+        """Times at which a new process started (for a picture: the decision needs
+        only the current segment)."""
+        return restarts(self.t, self.v)
 
     @property
     def fast(self) -> Evidence | None:
@@ -141,7 +145,7 @@ def analyse(times_s: Samples, values_bytes: Samples, counts: Samples | None = No
     rise = fit_rise(st, sv, floor) if floor is not None else None
     raw_dt = _raw_interval(times_s, counts)
     evidence = fit_evidence(st, sv, rise.excursion_seconds, raw_dt) if rise is not None else None
-    return Analysis(t, v, st, sv, restarts(t, v), floor, rise, evidence, raw_dt)
+    return Analysis(t, v, st, sv, floor, rise, evidence, raw_dt)
 
 
 def _raw_interval(times_s: Samples, counts: Samples | None) -> float:

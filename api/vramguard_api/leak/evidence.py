@@ -33,6 +33,7 @@ bound that soon and waits for the slow path.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,7 +49,7 @@ FAST_BLOCK_SECONDS = 60.0
 WIDTHS = (1, 2, 4, 8)
 WANDER = 2.0
 """The fast block is the shortest of ``FAST_BLOCK_SECONDS`` times ``WIDTHS`` whose
-floor wanders at most ``WANDER`` times as much as the steadiest's (``_fine_floor``)."""
+floor wanders at most ``WANDER`` times as much as the longest's (``_fine_floor``)."""
 FAST_BLOCK_SAMPLES = 4
 """Fast blocks widen to hold this many raw samples when sampling is sparse: a
 training step spends about a fifth of its time at its floor, and four samples
@@ -128,7 +129,8 @@ def fit_evidence(
     st: np.ndarray, sv: np.ndarray, excursion_seconds: float, raw_interval_seconds: float
 ) -> Evidence | None:
     """The recent rise of a segment (``current_segment``'s output); None when the
-    segment's last hour holds too few floor points for a baseline and a rise.
+    segment's last hour holds too few floor points for a baseline and a rise, or
+    when none of the last ``MIN_POINTS`` stands above the median of the others.
     ``excursion_seconds``: the longest excursion of the segment (``Rise``);
     ``raw_interval_seconds``: the time between raw samples (see ``fast_block_seconds``)."""
     width, ft, fv = _fine_floor(st, sv, fast_block_seconds(raw_interval_seconds))
@@ -138,6 +140,8 @@ def fit_evidence(
     first = int(np.searchsorted(ft, ft[0] + baseline))  # onsets that leave a baseline
     if ft.size - first < MIN_POINTS:
         return None
+    if fv[-MIN_POINTS:].max() <= median(fv[:-MIN_POINTS]):
+        return None  # nothing recent stands above the floor before it: no rise to fit
     onset = onset_index(ft, fv, MIN_POINTS, first)
     rt, rv = ft[onset:], fv[onset:]
     fit = theil_sen(rv, rt, alpha=CONFIDENCE)
@@ -156,25 +160,34 @@ def fit_evidence(
 def _fine_floor(st: np.ndarray, sv: np.ndarray, shortest: float) -> tuple[float, np.ndarray, np.ndarray]:
     """(block, times, floor) of the fast path: the rolling floor of the segment's
     recent past in the shortest block of ``shortest`` times 1, 2, 4 or 8 whose
-    floor wanders no more than ``WANDER`` times the steadiest one's. Long training
-    steps (minutes) or sparse samples miss the floor in short blocks, and their
-    floor then wanders with the step; a block as long as a step reads it again.
-    The wander is the robust deviation of the floor's second differences, which
-    a line (a leak) does not raise."""
-    floors = []
-    for k in WIDTHS:
-        width = shortest * k
-        recent = st >= st[-1] - max(HORIZON_SECONDS, 2 * baseline_seconds(width))
-        ft, fv = floor_points(st[recent], sv[recent], width, 1)
-        # No ``misread`` here: its threshold comes from the flat part's noise and would
-        # take the points of a steep rise for misses. The rolling floor handles misses.
-        fv = rolling_floor(fv)
-        d2 = np.diff(fv, n=2)
-        wander = 1.4826 * median(np.abs(d2 - median(d2))) if d2.size >= 3 else np.inf
-        floors.append((width, ft, fv, wander))
-    steadiest = min(f[3] for f in floors)
-    width, ft, fv, _ = next(f for f in floors if f[3] <= WANDER * steadiest + MIB_32)
-    return width, ft, fv
+    floor wanders no more than ``WANDER`` times the longest one's (and 32 MiB).
+    Long training steps (minutes) or sparse samples miss the floor in short
+    blocks, and their floor then wanders with the step; a block as long as a
+    step reads it again. The wander is the robust deviation of the floor's second
+    differences, which a line (a leak) does not raise. The longest block is
+    read first and the others only until one passes, and none of them when
+    the 1-minute floor shows nothing recent above the floor before it: the agent
+    runs this for every pod."""
+    first = _rolled(st, sv, shortest)
+    if first[1].size > MIN_POINTS and first[2][-MIN_POINTS:].max() <= median(first[2][:-MIN_POINTS]):
+        return first[:3]  # nothing recent stands above the floor before it (fit_evidence stops there)
+    widest = _rolled(st, sv, shortest * WIDTHS[-1])
+    for candidate in itertools.chain([first], (_rolled(st, sv, shortest * k) for k in WIDTHS[1:-1])):
+        if candidate[3] <= WANDER * widest[3] + MIB_32:
+            return candidate[:3]
+    return widest[:3]
+
+
+def _rolled(st: np.ndarray, sv: np.ndarray, width: float) -> tuple[float, np.ndarray, np.ndarray, float]:
+    """(width, times, rolling floor, wander) of the segment's recent past in blocks of ``width``."""
+    recent = st >= st[-1] - max(HORIZON_SECONDS, 2 * baseline_seconds(width))
+    ft, fv = floor_points(st[recent], sv[recent], width, 1)
+    # No ``misread`` here: its threshold comes from the flat part's noise and would
+    # take the points of a steep rise for misses. The rolling floor handles misses.
+    fv = rolling_floor(fv)
+    d2 = fv[2:] - 2 * fv[1:-1] + fv[:-2]
+    wander = 1.4826 * median(np.abs(d2 - median(d2))) if d2.size >= 3 else np.inf
+    return width, ft, fv, wander
 
 
 def _first_rising(ft: np.ndarray, fv: np.ndarray, onset: int, baseline: float) -> int:

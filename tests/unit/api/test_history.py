@@ -68,7 +68,7 @@ def test_trend_is_recomputed_only_after_the_interval():
 
 
 def test_first_refreshes_are_spread_over_the_interval():
-    store = HistoryStore(window_s=600.0, max_points=60, trend_interval_s=100.0)
+    store = HistoryStore(window_s=600.0, max_points=60, trend_interval_s=100.0, max_refreshes=50)
     uids = [f"pod-{i}" for i in range(50)]
     store.add(0.0, dict.fromkeys(uids, GIB))
     first = store.trends(uids, 0.0)
@@ -133,3 +133,16 @@ def test_watch_interval_is_checked():
     with pytest.raises(ValueError, match="watch_interval_s must be >= 0, got -1"):
         HistoryStore(watch_interval_s=-1.0)
     assert HistoryStore(trend_interval_s=30.0).watch_interval_s == 30.0  # never slower than quiet pods
+
+
+def test_refreshes_per_call_are_capped_oldest_first():
+    store = HistoryStore(window_s=600.0, max_points=60, trend_interval_s=60.0, max_refreshes=3)
+    uids = [f"pod-{i}" for i in range(7)]
+    store.add(0.0, dict.fromkeys(uids, GIB))
+    first = store.trends(uids, 0.0)
+    assert len(first) == 3 and store.refreshes == 3  # the others have none yet
+    second = store.trends(uids, 0.0)
+    assert len(second) == 6 and store.refreshes == 6
+    assert set(first) < set(second)
+    with pytest.raises(ValueError, match="max_refreshes must be >= 1, got 0"):
+        HistoryStore(max_refreshes=0)

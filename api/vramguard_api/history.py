@@ -33,9 +33,10 @@ At most ``max_refreshes`` pods are recomputed per ``trends`` call (the agent's
 tick), those due longest first: when many pods rise at once each is refreshed
 less often, and the tick keeps its CPU budget.
 
-A pod's first computation is back-dated by an offset derived from its uid
-(CRC-32, a fraction of the interval), so that pods that appeared together
-refresh at different samples. The schedule depends only on the sample times,
+A pod's first computation is back-dated to its own phase within the interval
+(from its uid: CRC-32, a fraction of the interval), so that pods that appeared
+together refresh at different samples; so is a refresh that the cap held back
+for a whole interval. The schedule depends only on the sample times,
 the values and the uid, so a replay of the same series with the same uid
 refreshes at the same samples as the agent did.
 
@@ -206,12 +207,29 @@ class HistoryStore:
     def _refresh(self, uid: str, history: PodHistory, cached: _Computed | None, now: float) -> TrendFeatures:
         features = compute_trend(list(history.times), list(history.values), list(history.counts))
         self.refreshes += 1
-        # The first computation is back-dated by a per-pod offset: refreshes spread out.
-        offset = (zlib.crc32(uid.encode()) % 1000) / 1000 * self.trend_interval_s if cached is None else 0.0
         spread = max(history.values[-CHECK_SPREAD_POINTS:]) - min(history.values[-CHECK_SPREAD_POINTS:])
         watched = _watched(features) or _floor_rising(history)
-        self._trends[uid] = _Computed(now - offset, features, _recent_floor(history), spread, watched)
+        self._trends[uid] = _Computed(self._slot(uid, cached, now), features, _recent_floor(history), spread, watched)
         return features
+
+    def _slot(self, uid: str, cached: _Computed | None, now: float) -> float:
+        """When a refresh at ``now`` counts as made. A pod has its own phase within
+        the interval (from its uid): its first refresh, and one that the cap on
+        refreshes per call held back for a whole interval, count as made at the
+        last time of that phase, so that pods that appeared together, or were held
+        back together, fall due apart. One held back less keeps the time it was
+        due. Any other (the cheap check's) counts as made ``now``."""
+        interval = self.trend_interval_s
+        if cached is not None:
+            due = cached.at + (self.watch_interval_s if cached.watched else interval)
+            if now < due:
+                return now
+            if now < due + interval:
+                return due
+        if interval <= 0:
+            return now
+        phase = (zlib.crc32(uid.encode()) % 1000) / 1000 * interval
+        return now - (now - phase) % interval
 
     def _due(self, cached: _Computed, history: PodHistory, now: float) -> bool:
         age = now - cached.at

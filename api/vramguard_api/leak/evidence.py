@@ -1,34 +1,36 @@
 """The fast path: a recent rise of the floor, clean enough to be called a leak
-before ``minWindow``. See docs/leak-detection.md, "Evidence before minWindow".
+before ``minWindow``. See docs/leak-detection.md, "The fast path".
 
-The floor is read at a finer grain than the slow path's (blocks of
-``FAST_BLOCK_SECONDS``) over the segment's last ``HORIZON_SECONDS``, each point
-the lowest of itself and its two neighbours (``floor.rolling_floor``: with
-sparse samples a minute often misses a sawtooth's floor, twice in a row now
-and then). A hockey
-stick gives the onset of the recent rise; the rise *qualifies* when all of
-these hold:
+The floor is read at a finer grain than the slow path's over the segment's last
+``HORIZON_SECONDS``: blocks of ``FAST_BLOCK_SECONDS`` (wider when fewer than
+``FAST_BLOCK_SAMPLES`` raw samples stand behind them, or when a long training
+step makes the 1-minute floor wander: ``_fine_floor``), each point the lowest
+of itself and its two neighbours (``floor.rolling_floor``: with sparse samples
+a minute often misses a sawtooth's floor, twice in a row now and then). A
+hockey stick gives the onset of the recent rise; the rise *qualifies* when all
+of these hold (``_objection`` names the first that fails):
 
 - it has ``MIN_POINTS`` floor points or more, and its Theil–Sen growth is
   measured: the lower 95% bound is at least ``LOW_RATIO`` of the growth, and the
   rise is ``MIN_SNR`` times the floor's scatter about the line;
-- it is a ramp, not a step nor a warm-up: each half climbs at ``PERSISTENCE`` of
-  the slope, the second half at ``SLOWING`` of the first half's, and no
-  rise-then-plateau fit explains it better;
-- the floor was flat before it: at least ``BASELINE_SECONDS`` of floor before
-  the onset, whose slope is within ``BASELINE_RATIO`` of the rise's and not
-  significantly different from zero (its 95% interval holds 0), and around the
-  level the rise starts from. A rise from
-  the process's start (a warm-up, a first cycle), from the trough of a cycle or
-  after a fall does not qualify: it waits for the slow path's ``minWindow``;
 - it has lasted longer than the longest excursion the segment has already come
   back down from (a cycle seen before), on the slow path's floor or on the
-  fine floor of the last hour.
+  fine floor;
+- it is a ramp, not a step nor a warm-up nor a cache filling up: each half
+  climbs at ``PERSISTENCE`` of the slope, the second half at ``SLOWING`` of the
+  first half's, a parabola bends it down by at most ``BENDING``, and no
+  rise-then-plateau fit explains it better;
+- the floor was flat before it (``_flat_before``): a baseline of
+  ``BASELINE_SECONDS`` (and ``BASELINE_BLOCKS`` blocks) before the onset, flat
+  as a whole and in each half, around the level the rise starts from. A rise
+  from the process's start (a warm-up, a first cycle), from the trough of a
+  cycle or after a fall does not qualify: it waits for the slow path's
+  ``minWindow``.
 
 A qualifying rise is a leak when it has lasted ``minEvidence`` and the lower
 bound of its growth is at least ``minGrowthPerHour`` (``leak.decide``): a fast,
-clean rise is certain within minutes, a slow or noisy one never reaches the
-bound that soon and waits for the slow path.
+clean rise reaches that bound within minutes, a slow or noisy one does not
+before ``minWindow`` and waits for the slow path.
 """
 
 from __future__ import annotations

@@ -146,3 +146,21 @@ def test_refreshes_per_call_are_capped_oldest_first():
     assert set(first) < set(second)
     with pytest.raises(ValueError, match="max_refreshes must be >= 1, got 0"):
         HistoryStore(max_refreshes=0)
+
+
+def test_the_cap_does_not_bunch_refreshes_together():
+    # 128 quiet pods appear at once: the cap spreads their first computations over
+    # 22 samples, and afterwards they keep their staggered slots (about 4.3 per
+    # 10-s sample) rather than falling due again 6 at a time.
+    store = HistoryStore()
+    uids = [f"pod-{i}" for i in range(128)]
+    per_call = []
+    for step in range(200):
+        t = step * 10.0
+        store.add(t, {uid: GIB + (step % 5) * MIB for uid in uids})
+        before = store.refreshes
+        store.trends(uids, t)
+        per_call.append(store.refreshes - before)
+    steady = per_call[100:]
+    assert per_call[:21] == [6] * 21 and max(steady) <= 6
+    assert np.median(steady) <= 5 and 3.5 <= np.mean(steady) <= 5.0

@@ -143,21 +143,21 @@ def analyse(times_s: Samples, values_bytes: Samples, counts: Samples | None = No
     st, sv = current_segment(t, v)
     floor = floor_points(st, sv) if st.size >= 3 else None
     rise = fit_rise(st, sv, floor) if floor is not None else None
-    raw_dt = _raw_interval(times_s, counts)
+    raw_dt = _raw_interval(t, counts, len(times_s))
     evidence = fit_evidence(st, sv, rise.excursion_seconds, raw_dt) if rise is not None else None
     return Analysis(t, v, st, sv, floor, rise, evidence, raw_dt)
 
 
-def _raw_interval(times_s: Samples, counts: Samples | None) -> float:
-    """Seconds between raw samples: the times' median spacing over the median count."""
-    t = np.asarray(times_s, dtype=float)
-    if counts is not None:
-        c = np.asarray(counts, dtype=float)
-        if c.shape != t.shape or (c.size and not np.all(c >= 1)):
-            raise ValueError(f"counts must hold one count >= 1 per time: {c.shape} for {t.shape}")
+def _raw_interval(t: np.ndarray, counts: Samples | None, n: int) -> float:
+    """Seconds between raw samples: the usable times' median spacing over the median
+    count (``n``: how many times the caller gave, which ``counts`` must match)."""
+    if counts is not None and len(counts) != n:
+        raise ValueError(f"counts must hold one count per time: {len(counts)} for {n}")
+    if counts is not None and n and min(counts) < 1:
+        raise ValueError(f"counts must be >= 1, got {min(counts)}")
     if t.size < 2:
         return FAST_BLOCK_SECONDS
-    dt = median(np.diff(t))
+    dt = median(t[1:] - t[:-1])
     return dt / median(np.asarray(counts, dtype=float)) if counts is not None else dt
 
 

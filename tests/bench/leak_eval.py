@@ -149,8 +149,8 @@ def evaluate(tr: Trace, view: View) -> Outcome:
     if onset is not None and declared < math.inf:
         out.ttd_minutes = round((declared - onset) / MINUTE, 6)  # prefix ends are float sums
     if exhaustion is not None:
-        out.declared_before_limit = declared < exhaustion
-        out.evicted_before_limit = evicted < exhaustion
+        out.declared_before_limit = bool(declared < exhaustion)  # not numpy's bool: `is False` below
+        out.evicted_before_limit = bool(evicted < exhaustion)
     out.held = (called, evaluated)
     return out
 

@@ -237,8 +237,8 @@ def phases(sampler: Sampler, timed: Timed, now: list[float], samples: int = 30) 
 
 def ticks(per_pod: int, ram_interval_s: float, root: Path, count: int = 60) -> dict[str, float]:
     """Agent ticks (sample, metrics snapshot, publish decision, writes) every 10 s
-    after two hours of one-minute samples have filled every pod's history; trend
-    features at their default interval. CPU ms beyond the fake NVML's: median,
+    after two hours of 10-s ticks have filled every pod's history; trend
+    features on their default schedule. CPU ms beyond the fake NVML's: median,
     mean and max over ``count`` ticks, and the writes among them."""
     from vramguard_agent.agent import Agent, AgentConfig, Components
 
@@ -247,13 +247,11 @@ def ticks(per_pod: int, ram_interval_s: float, root: Path, count: int = 60) -> d
     reporter = SerialisingReporter()
     parts = Components(sampler, sampler.backend, reporter=reporter)  # type: ignore[arg-type]
     agent = Agent(AgentConfig(node_name="bench", metrics_address=None), parts, clock=lambda: now[0])
-    for _ in range(sampler.history.max_points):
-        now[0] += sampler.history.window_s / sampler.history.max_points
-        agent.step()
-    # Ten minutes of 10-s ticks first: filling the history a minute a step leaves more
-    # pods due than one tick refreshes (HistoryStore.max_refreshes), a backlog a live
-    # agent, ticking every 10 s from the pods' start, never has.
-    for _ in range(60):
+    # Two hours of 10-s ticks, as the live agent ticks from its pods' start: the
+    # trend refreshes fall where the schedule puts them (filling the history a
+    # minute a step would bunch them into a few ticks, or leave a backlog that the
+    # cap on refreshes per tick takes minutes to clear).
+    for _ in range(int(sampler.history.window_s / 10)):
         now[0] += 10
         agent.step()
     costs, writes = [], reporter.writes

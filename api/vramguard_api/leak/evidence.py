@@ -110,10 +110,12 @@ class Evidence:
 
     @property
     def seconds(self) -> float:
+        """How long the rise has lasted, from its onset to its last floor point, seconds."""
         return self.end_t_seconds - self.onset_t_seconds
 
     @property
     def qualified(self) -> bool:
+        """Whether the rise meets every condition of the module docstring."""
         return self.objection is None
 
 
@@ -132,7 +134,7 @@ def fit_evidence(
 ) -> Evidence | None:
     """The recent rise of a segment (``current_segment``'s output); None when the
     segment's last hour holds too few floor points for a baseline and a rise, or
-    when none of the last ``MIN_POINTS`` stands above the median of the others.
+    when its last points do not all stand above the floor before them (``_nothing_recent``).
     ``excursion_seconds``: the longest excursion of the segment (``Rise``);
     ``raw_interval_seconds``: the time between raw samples (see ``fast_block_seconds``)."""
     width, ft, fv = _fine_floor(st, sv, fast_block_seconds(raw_interval_seconds))
@@ -142,8 +144,8 @@ def fit_evidence(
     first = int(np.searchsorted(ft, ft[0] + baseline))  # onsets that leave a baseline
     if ft.size - first < MIN_POINTS:
         return None
-    if fv[-MIN_POINTS:].max() <= median(fv[:-MIN_POINTS]):
-        return None  # nothing recent stands above the floor before it: no rise to fit
+    if _nothing_recent(fv):
+        return None  # no rise to fit
     onset = onset_index(ft, fv, MIN_POINTS, first)
     rt, rv = ft[onset:], fv[onset:]
     fit = theil_sen(rv, rt, alpha=CONFIDENCE)
@@ -168,16 +170,24 @@ def _fine_floor(st: np.ndarray, sv: np.ndarray, shortest: float) -> tuple[float,
     step reads it again. The wander is the robust deviation of the floor's second
     differences, which a line (a leak) does not raise. The longest block is
     read first and the others only until one passes, and none of them when
-    the 1-minute floor shows nothing recent above the floor before it: the agent
-    runs this for every pod."""
+    the 1-minute floor shows nothing recent above the floor before it
+    (``_nothing_recent``): the agent runs this for every pod."""
     first = _rolled(st, sv, shortest)
-    if first[1].size > MIN_POINTS and first[2][-MIN_POINTS:].max() <= median(first[2][:-MIN_POINTS]):
+    if first[1].size > MIN_POINTS and _nothing_recent(first[2]):
         return first[:3]  # nothing recent stands above the floor before it (fit_evidence stops there)
     widest = _rolled(st, sv, shortest * WIDTHS[-1])
     for candidate in itertools.chain([first], (_rolled(st, sv, shortest * k) for k in WIDTHS[1:-1])):
         if candidate[3] <= WANDER * widest[3] + MIB_32:
             return candidate[:3]
     return widest[:3]
+
+
+def _nothing_recent(fv: np.ndarray) -> bool:
+    """Whether the floor's last 3 (rolling) points are not all above the median of
+    the points before the last ``MIN_POINTS``: a rise that could qualify ends
+    well above the floor it started from, so the fit can be skipped (most pods,
+    most of the time)."""
+    return bool(fv[-3:].min() <= median(fv[:-MIN_POINTS]))
 
 
 def _rolled(st: np.ndarray, sv: np.ndarray, width: float) -> tuple[float, np.ndarray, np.ndarray, float]:

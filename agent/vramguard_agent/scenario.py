@@ -21,6 +21,12 @@ Memory is a *profile*: a quantity (constant) or one of ``constant``,
 over a duration starting ``after``), ``sawtooth`` (low → high each period),
 ``steps`` (a value from each ``at`` on) and ``sum`` (of profiles). Times are
 Go-style durations from the start of the simulation.
+
+A profile is what a process *wants*; the simulated device decides what it
+*gets* (``simgpu``): an allocation that does not fit in the device's free
+memory fails and the process dies with an out-of-memory error; its container
+restarts as the pod's ``restartPolicy`` says, and a restarted process plays its
+profile from the beginning.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vramguard_api.kubelet import RestartPolicy
 from vramguard_api.units import parse_duration, quantity_to_bytes
 
 FaultType = Literal[
@@ -228,13 +235,19 @@ class SimContainer(_Model):
 
 class SimPod(_Model):
     """A pod on the node, referred to by namespace/name (its uid comes from the API
-    server when the agent can see the pod there, else it is derived)."""
+    server when the agent can see the pod there, else it is derived).
+
+    ``restartPolicy`` says what happens to a container whose GPU process is
+    killed by an out-of-memory error (``simgpu``): restarted after the
+    kubelet's back-off (``Always``, the pod default, and ``OnFailure``) or left
+    exited (``Never``)."""
 
     namespace: str
     name: str
     uid: str | None = None
     qos: Literal["guaranteed", "burstable", "besteffort"] = "burstable"
     static: bool = False
+    restart_policy: RestartPolicy = Field(default="Always", alias="restartPolicy")
     containers: list[SimContainer]
 
 

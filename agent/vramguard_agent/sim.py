@@ -1,8 +1,11 @@
 """The simulated backend: a scenario played through the NVML code on a fake host.
 
-``SimBackend`` evaluates the scenario at the current simulation time, sets the
-state of a ``FakeNVML`` (devices, processes, faults) and samples it with the
-real ``NVMLBackend``, so the NVML code paths and their error handling run as
+``SimBackend`` advances the scenario's processes on its simulated devices to
+the current simulation time (``simgpu``: the profiles say what each process
+wants, the devices what it gets; an allocation that does not fit kills its
+process with an out-of-memory error, recorded in ``SimBackend.oom_kills``),
+sets the state of a ``FakeNVML`` (devices, processes, faults) and samples it
+with the real ``NVMLBackend``, so the NVML code paths and their error handling run as
 on a GPU node. It also writes a fake host: ``<root>/proc/<pid>/cgroup`` for
 every simulated process and a cgroup tree ``<root>/cgroup`` with each pod's and
 container's memory files, which the agent then reads exactly as it reads the
@@ -22,6 +25,7 @@ import hashlib
 import math
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +38,13 @@ from .gpu import GPUSample
 from .nvml import NVMLBackend
 from .pods import PodMeta
 from .scenario import VIRTUALIZATION, SimCgroup, SimContainer, SimNode, SimPod, SimProcess
+from .simgpu import SimDevices, SimOOMKill
 
 SIM_NAMESPACE = uuid.UUID("8f0c3a52-3d4e-4c1b-9a57-6f1e2b7d9c10")
 FIRST_PID = 20001
 RUNTIME_SCOPE_PREFIX = {"containerd": "cri-containerd", "cri-o": "crio", "docker": "docker"}
 V1_CONTROLLERS = ("12:memory", "11:cpu,cpuacct", "10:devices", "9:pids", "1:name=systemd")
+MAX_OOM_RECORDS = 1000
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -49,6 +55,14 @@ def gpu_uuid(node: str, index: int) -> str:
 def mig_uuid(node: str, index: int, slot: int) -> str:
     """The simulated MIG device's UUID."""
     return f"MIG-{uuid.uuid5(SIM_NAMESPACE, f'{node}/gpu/{index}/mig/{slot}')}"
+
+
+def device_uuid(node: SimNode, index: int, slot: int | None) -> str:
+    """The UUID the fake NVML reports for GPU ``index`` of ``node`` (its MIG
+    device ``slot`` when not None)."""
+    if slot is not None:
+        return mig_uuid(node.name, index, slot)
+    return node.gpu_uuids()[index] or gpu_uuid(node.name, index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,12 +241,17 @@ class FakeHost:
 # --- the backend -----------------------------------------------------------
 
 
-def fake_gpus(node: SimNode, pids: Mapping[int, SimProcess], t: float) -> list[FakeGPU]:
-    """The node's GPUs at time ``t``: processes alive then, per-GPU faults applied."""
+def fake_gpus(
+    node: SimNode, pids: Mapping[int, SimProcess], t: float, held: Mapping[int, int] | None = None
+) -> list[FakeGPU]:
+    """The node's GPUs at time ``t``, per-GPU faults applied. ``held``: the bytes
+    each running process holds on its device (``SimDevices.holdings``: what
+    the device gave it); None: every process alive at ``t`` holds what its
+    profile wants, whether or not it fits (a static state, for benchmarks)."""
     gpus: list[FakeGPU] = []
-    for index, (spec, given) in enumerate(zip(node.gpu_list(), node.gpu_uuids(), strict=True)):
+    for index, spec in enumerate(node.gpu_list()):
         gpu = FakeGPU(
-            uuid=given or gpu_uuid(node.name, index),
+            uuid=device_uuid(node, index, None),
             name=spec.model,
             total_bytes=spec.memory,
             reserved_bytes=spec.reserved,
@@ -254,10 +273,15 @@ def fake_gpus(node: SimNode, pids: Mapping[int, SimProcess], t: float) -> list[F
             ]
         gpus.append(gpu)
     for pid, p in pids.items():
-        if p.active(t):
-            gpu = gpus[p.gpu]
-            target = gpu.mig_devices[p.mig] if gpu.mig_devices is not None and p.mig is not None else gpu
-            target.processes.append(FakeProcess(pid=pid, used_bytes=p.memory.at(t), kind=p.kind))
+        if held is None and p.active(t):
+            used = p.memory.at(t)
+        elif held is not None and pid in held:
+            used = held[pid]
+        else:
+            continue
+        gpu = gpus[p.gpu]
+        target = gpu.mig_devices[p.mig] if gpu.mig_devices is not None and p.mig is not None else gpu
+        target.processes.append(FakeProcess(pid=pid, used_bytes=used, kind=p.kind))
     for fault in node.faults_at(t):
         for index, gpu in enumerate(gpus):
             if fault.gpu is None or fault.gpu == index:
@@ -288,6 +312,10 @@ class SimBackend:
     construction (``speed`` > 1 plays the scenario faster than the clock, so that
     a demo shows an hour of leak in a minute). Raises ``ValueError`` for a speed
     that is not a positive finite number.
+
+    The devices are stateful: each ``sample`` moves the processes from where
+    the previous one left them (``SimDevices.advance``). ``oom_kills`` holds the
+    last ``MAX_OOM_RECORDS`` processes killed by out-of-memory errors.
     """
 
     name: Literal["nvml", "sim"] = "sim"
@@ -311,6 +339,8 @@ class SimBackend:
         self.speed = speed
         self._start = clock()
         self.pids = assign_pids(node)
+        self.devices = SimDevices(node, self.pids, lambda gpu, mig: device_uuid(node, gpu, mig))
+        self.oom_kills: deque[SimOOMKill] = deque(maxlen=MAX_OOM_RECORDS)
         self.fake = FakeNVML(driver_version=node.driver_version)
         self.nvml = NVMLBackend(self.fake)
         self.identities = resolve(node, {})
@@ -334,7 +364,8 @@ class SimBackend:
 
     def _set_state(self, t: float) -> None:
         fake, active = self.fake, {f.type for f in self.node.faults_at(t)}
-        fake.gpus = fake_gpus(self.node, self.pids, t)
+        self.oom_kills.extend(self.devices.advance(t))
+        fake.gpus = fake_gpus(self.node, self.pids, t, self.devices.holdings())
         fake.init_error = NVML_ERROR_DRIVER_NOT_LOADED if "nvml-unavailable" in active else None
         fake.privileged = self.node.nvml_privileged and "mig-parent-no-permission" not in active
         fake.no_v3 = "no-v3" in active

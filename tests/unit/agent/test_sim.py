@@ -10,7 +10,7 @@ from vramguard_agent.cgroups import Attribution, attribute_pid
 from vramguard_agent.gpu import BackendUnavailable
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.pods import PodMeta
-from vramguard_agent.scenario import Scenario
+from vramguard_agent.scenario import Profile, Scenario
 from vramguard_agent.sim import FIRST_PID, FakeHost, SimBackend, assign_pids, resolve
 
 from .builders import GIB, MIB
@@ -201,3 +201,66 @@ def test_speed_plays_scenario_time_faster_than_the_clock():
 def test_speed_must_be_a_positive_number(speed):
     with pytest.raises(ValueError, match="sim speed"):
         SimBackend(scenario(), speed=speed)
+
+
+def crowded(restart_policy="Always"):
+    """Two pods on one 10Gi GPU: a steady server and a neighbour that grows past what is left."""
+    gpu = {"model": "NVIDIA T4", "memory": "10Gi", "reserved": "1Gi"}
+    server = {
+        "namespace": "serving",
+        "name": "chat",
+        "containers": [{"name": "server", "processes": [{"gpu": 0, "memory": {"steps": [
+            {"at": "0s", "value": "2Gi"}, {"at": "2m", "value": "4Gi"}]}}]}],
+    }
+    grower = {
+        "namespace": "training",
+        "name": "finetune",
+        "restartPolicy": restart_policy,
+        "containers": [
+            {"name": "trainer", "processes": [{"gpu": 0, "memory": {"linear": {"start": "2Gi", "perHour": "6Gi"}}}]}
+        ],
+    }
+    node = {"name": "n1", "gpus": [gpu], "pods": [server, grower]}
+    return Scenario.model_validate({"nodes": [node]}).node("n1")
+
+
+def held(backend):
+    return {p.pid: p.used_bytes for p in backend.sample().devices[0].processes}
+
+
+def test_what_does_not_fit_kills_the_process_that_allocates_and_frees_its_memory(caplog):
+    now = [0.0]
+    backend = SimBackend(crowded(), clock=lambda: now[0])
+    server, grower = FIRST_PID, FIRST_PID + 1
+    assert held(backend) == {server: 2 * GIB, grower: 2 * GIB}
+    now[0] = 3600.0  # the grower wants 8Gi: 4Gi + 8Gi > 9Gi usable, so it dies
+    assert held(backend) == {server: 4 * GIB}
+    (kill,) = backend.oom_kills
+    assert (kill.namespace, kill.pod, kill.container, kill.kill.pid) == ("training", "finetune", "trainer", grower)
+    assert kill.restart_at_s == 3610.0  # CrashLoopBackOff: 10 s
+    assert "pod training/finetune container trainer" in caplog.text and "CUDA out of memory" in caplog.text
+    now[0] = 3610.0  # restarted: its profile plays from the beginning (2Gi)
+    assert held(backend) == {server: 4 * GIB, grower: 2 * GIB}
+
+
+def test_the_neighbour_that_stayed_put_dies_when_its_own_allocation_no_longer_fits():
+    now = [0.0]
+    node = crowded()
+    node.pods[1].containers[0].processes[0].memory = Profile.parse("6Gi")  # holds 6 of 9 usable
+    backend = SimBackend(node, clock=lambda: now[0])
+    assert sum(held(backend).values()) == 8 * GIB
+    now[0] = 130.0  # the server asks for 2Gi more with 1Gi free: the server dies
+    assert held(backend) == {FIRST_PID + 1: 6 * GIB}
+    assert [k.pod for k in backend.oom_kills] == ["chat"]
+
+
+def test_restart_policy_never_leaves_the_container_down():
+    now = [0.0]
+    backend = SimBackend(crowded("Never"), clock=lambda: now[0])
+    held(backend)
+    now[0] = 3600.0
+    held(backend)
+    (kill,) = backend.oom_kills
+    assert kill.restart_at_s is None and "the pod fails" in kill.message()
+    now[0] = 7200.0
+    assert FIRST_PID + 1 not in held(backend)

@@ -30,7 +30,6 @@ from vramguard_operator.controller.events import DecisionEvents, EventRecorder
 from vramguard_operator.controller.evictions import Evictor
 from vramguard_operator.controller.kubeapi import API_ERRORS, error_status, error_text, merge_patch
 from vramguard_operator.controller.metrics import Metrics
-from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.controller.resize import ResizeOutcome, Resizer, merged_resize
 from vramguard_operator.engine.types import (
     Annotate,
@@ -44,6 +43,7 @@ from vramguard_operator.engine.types import (
     Throttle,
     Warn,
 )
+from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 log = logging.getLogger("vramguard.actions")
 

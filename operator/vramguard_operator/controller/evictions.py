@@ -21,8 +21,8 @@ from vramguard_operator.controller.events import (
     DecisionEvents,
 )
 from vramguard_operator.controller.kubeapi import API_ERRORS, error_status, error_text
-from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.engine.types import EventSpec, Evict, PodRef
+from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 log = logging.getLogger("vramguard.actions")
 

@@ -45,9 +45,9 @@ from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
 from vramguard_operator.controller.metrics import process_metrics, serve_metrics
-from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.controller.reconcile import Reconciler
 from vramguard_operator.controller.settings import OperatorSettings, settings_of
+from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 log = logging.getLogger("vramguard.handlers")
 

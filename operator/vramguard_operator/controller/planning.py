@@ -8,68 +8,22 @@ status notes that the loop adds after acting (invalid specs, refused resizes).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
-from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_operator.controller.indexes import BudgetEntry, Snapshot, Versioned, has_vramguard_state
-from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.engine import budget_status as bs
-from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, PodFacts
+from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.dra import DRAConfig
-from vramguard_operator.policy.merge import MergedPolicy, merge
-from vramguard_operator.policy.node import NodeFacts
+from vramguard_operator.policy.plan import NamespacePolicy, namespace_policies
 from vramguard_operator.policy.sharers import KAI_RESERVATION_NAMESPACE
 
 log = logging.getLogger("vramguard.reconcile")
-
-
-# --- policies per namespace ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NamespacePolicy:
-    """What the GPUMemoryPolicies say for one namespace: the engine's effective
-    policy, and the eviction rate-limit scopes (names of the policies that
-    select it; the default scope ``""`` when none does)."""
-
-    effective: EffectivePolicy
-    scopes: tuple[str, ...]
-
-
-def namespace_policies(
-    policies: Mapping[str, GPUMemoryPolicy],
-    namespace_labels: Mapping[str, Mapping[str, str]],
-    namespaces: Iterable[str],
-    invalid: Mapping[str, str] | None = None,
-) -> dict[str, NamespacePolicy]:
-    """The policy of each namespace, by ``policies.merge`` (docs/policy.md,
-    "Precedence"): DryRun wins over Enforce; a namespace listed in any policy's
-    ``exemptNamespaces`` is exempt (``kube-system`` when there is no policy).
-    The effective policy's ``exempt_namespaces`` is the namespace itself when it
-    is exempt, else empty; the rate-limit scopes are the applying policies.
-
-    Fail safe: while a policy cannot be evaluated (a malformed selector, or a
-    spec in ``invalid``: name -> error, that does not parse), every namespace
-    is DryRun and exempt from actions."""
-    every = [policies[n] for n in sorted(policies)]
-    out = {}
-    for ns in namespaces:
-        merged = merge(every, ns, namespace_labels.get(ns, {}), invalid)
-        held = merged.exempt or bool(merged.invalid)
-        out[ns] = NamespacePolicy(
-            EffectivePolicy(
-                mode=merged.effective_mode,
-                exempt_namespaces=frozenset({ns}) if held else frozenset(),
-            ),
-            merged.policies or (EvictionLimiter.DEFAULT_SCOPE,),
-        )
-    return out
 
 
 # --- evaluation inputs ------------------------------------------------------------------
@@ -109,48 +63,6 @@ def scope_of(snap: Snapshot) -> list[str]:
     return sorted(scope)
 
 
-@dataclass(frozen=True, slots=True)
-class _Common:
-    """What every group of one evaluation shares."""
-
-    now: datetime
-    config: EngineConfig
-    merged: Mapping[str, MergedPolicy]
-    nodes: Mapping[str, NodeFacts]
-    previous: Mapping[str, GPUMemoryBudgetStatus] | None
-    allocations: policy_plan.Allocations
-
-
-def _group(snap: Snapshot, policy: EffectivePolicy, namespaces: list[str], common: _Common) -> Group:
-    """One group's engine input: its namespaces' budgets (with their current
-    status), pods and GPU pods, with ceilings and implicit budgets applied."""
-    budgets: list[GPUMemoryBudget] = []
-    current: dict[tuple[str, str], dict[str, Any] | None] = {}
-    pods: list[PodFacts] = []
-    for ns in namespaces:
-        for e in snap.budgets.get(ns, ()):
-            assert e.value.budget is not None
-            budgets.append(e.value.budget)
-            current[(ns, e.value.name)] = e.value.status_api()
-        pods.extend(p.value for p in snap.pods.get(ns, ()))
-    gpu_pods = [p for ns in namespaces for p in snap.gpu_pods.get(ns, ())]
-    view = policy_plan.prepare(
-        budgets, pods, gpu_pods, common.nodes, common.merged, common.previous, common.allocations
-    )
-    for problem in view.problems:
-        log.warning("%s", problem)
-    inp = EngineInput(
-        budgets=view.budgets,
-        pods=view.pods,
-        reports=snap.valid_reports(),
-        now=common.now,
-        policy=policy,
-        config=common.config,
-        device_limits=view.device_limits,
-    )
-    return Group(policy, namespaces, inp, current, view)
-
-
 def plan(
     snap: Snapshot,
     now: datetime,
@@ -159,29 +71,47 @@ def plan(
     dra: DRAConfig | None = None,
 ) -> Plan:
     """Build the engine inputs of one evaluation from a snapshot (``dra``: how
-    ResourceSlices name a GPU's UUID and memory; default NVIDIA's)."""
+    ResourceSlices name a GPU's UUID and memory; default NVIDIA's), by
+    ``policy.plan.engine_groups``, which the fleet simulation calls too."""
     scope = scope_of(snap)
     broken = snap.invalid_policies()
     merged = policy_plan.merged_policies(
         list(snap.valid_policies().values()), snap.namespaces, scope, broken
     )
-    nodes = policy_plan.node_facts(snap.gpu_nodes, snap.valid_reports())
+    reports = snap.valid_reports()
+    nodes = policy_plan.node_facts(snap.gpu_nodes, reports)
     pols = namespace_policies(snap.valid_policies(), snap.namespaces, scope, broken)
     invalid = [e for ns in scope for e in snap.budgets.get(ns, ()) if e.value.budget is None]
     held = {e.value.namespace for e in invalid}
-    by_policy: dict[EffectivePolicy, list[str]] = {}
-    for ns in scope:
-        if ns not in held:
-            by_policy.setdefault(pols[ns].effective, []).append(ns)
-    previous = memory.implicit_status if memory is not None else None
     allocations = policy_plan.Allocations(
         claims=snap.claims,
         slices=snap.slices,
         kai_reservations=snap.gpu_pods.get(KAI_RESERVATION_NAMESPACE, []),
         dra=dra or DRAConfig(),
     )
-    common = _Common(now, config, merged, nodes, previous, allocations)
-    groups = [_group(snap, policy, namespaces, common) for policy, namespaces in by_policy.items()]
+    budgets = {ns: [e.value.budget for e in snap.budgets.get(ns, ()) if e.value.budget is not None] for ns in scope}
+    found = policy_plan.engine_groups(
+        [ns for ns in scope if ns not in held],
+        pols,
+        budgets,
+        {ns: [p.value for p in snap.pods.get(ns, ())] for ns in scope},
+        {ns: list(snap.gpu_pods.get(ns, ())) for ns in scope},
+        nodes,
+        merged,
+        reports,
+        now,
+        config,
+        memory.implicit_status if memory is not None else None,
+        allocations,
+    )
+    groups = []
+    for g in found:
+        for problem in g.view.problems:
+            log.warning("%s", problem)
+        current = {
+            (ns, e.value.name): e.value.status_api() for ns in g.namespaces for e in snap.budgets.get(ns, ())
+        }
+        groups.append(Group(g.policy, list(g.namespaces), g.input, current, g.view))
     return Plan(groups, invalid, pols)
 
 

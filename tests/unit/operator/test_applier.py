@@ -20,7 +20,6 @@ from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyResult
 from vramguard_operator.controller.events import EventRecorder, ObjectRef
 from vramguard_operator.controller.metrics import Metrics
-from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_VIOLATIONS,
@@ -36,6 +35,7 @@ from vramguard_operator.engine.types import (
     Throttle,
     ViolationKey,
 )
+from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 from ..agent.stubapi import StubAPI, status_body
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vramguard_api.policy import EvictionRateLimit
-from vramguard_operator.controller.ratelimit import EvictionLimiter, TokenBucket
+from vramguard_operator.policy.ratelimit import EvictionLimiter, TokenBucket
 
 
 class Clock:

@@ -22,10 +22,10 @@ from vramguard_operator.controller.events import EventRecorder
 from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.controller.policy_handlers import gpu_pod_entry, node_entry
-from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.controller.reconcile import Reconciler
 from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.engine.types import PodFacts
+from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 from ..agent.stubapi import StubAPI
 from ..engine.builders import budget

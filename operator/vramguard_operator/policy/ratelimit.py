@@ -2,7 +2,9 @@
 ``evictionRateLimit``) and one for namespaces that no policy selects (the
 operator's ``--eviction-rate-per-minute`` and ``--eviction-burst``), and the
 back-off of a pod whose eviction a PodDisruptionBudget refused. Pure: times
-come from the clock passed in.
+come from the clock passed in, so that the operator's evictions
+(``controller.evictions``) and the fleet simulation (``simulate``) are limited
+by the same code.
 """
 
 from __future__ import annotations

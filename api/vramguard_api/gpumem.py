@@ -28,12 +28,13 @@ counts "innocent" OOM kills.)
 
 Where per-cgroup memory limits go (NVML ``nvmlDeviceSetMemoryLimits_v1``,
 issue 14): processes carry an ``owner`` (their cgroup, or pod), the unit those
-limits apply to. A hard limit is a check on the owner's holdings before the
-capacity check in ``Device.allocate`` (the allocation fails for that process
-only, reason ``hard-limit``); a soft limit chooses, when an allocation does
-not fit, victims to kill before the requester fails (the process of the
-owner furthest above its soft limit): ``allocate`` already returns every kill
-it caused, so callers need no change for either.
+limits apply to. Every allocation, by ``allocate`` or ``resize``, is granted
+or refused in ``Device._grow``. A hard limit is a check there on the owner's
+holdings before the capacity check (the allocation fails for that process
+only, reason ``hard-limit``); a soft limit chooses there, when an allocation
+does not fit, victims to kill before the requester fails (the process of the
+owner furthest above its soft limit). ``allocate`` and ``resize`` already
+return every kill they caused, so callers need no change for either.
 
 Pure Python, no NVML: the agent's fake ``pynvml`` reads these holdings, the
 fleet simulation calls ``Device.resize`` millions of times (hence ``__slots__``
@@ -174,8 +175,13 @@ class Device:
         """Process ``pid`` allocates ``nbytes`` more. Returns the processes killed:
         empty when it fits; else the requester, killed (exited, its memory freed)."""
         _check_bytes(nbytes, f"device {self.uuid}: allocation of pid {pid}")
-        proc = self._process(pid)
-        free = self.free_bytes
+        return self._grow(self._process(pid), nbytes)
+
+    def _grow(self, proc: GPUProcess, nbytes: int) -> tuple[OOMKill, ...]:
+        # The one place an allocation is granted or refused. (Issue 14: a hard
+        # limit on proc.owner's holdings is checked first; soft limits pick
+        # victims to kill here before the requester fails.)
+        free = self.total_bytes - self.reserved_bytes - self.overhead_bytes - self._held
         if nbytes <= free:
             proc.used_bytes += nbytes
             self._held += nbytes
@@ -204,7 +210,7 @@ class Device:
             proc.used_bytes = wanted_bytes
             self._held += delta
             return ()
-        return self.allocate(pid, delta)
+        return self._grow(proc, delta)
 
     def _kill(self, proc: GPUProcess, requested: int, free: int, reason: str) -> OOMKill:
         held = proc.used_bytes

@@ -1,11 +1,11 @@
-"""The ``vramguard`` command: ``operator``, ``top``, ``analyze``, ``replay``.
+"""The ``vramguard`` command: ``operator``, ``top``, ``analyze``, ``replay``, ``simulate``.
 
 A click group. ``operator`` and ``top`` are click commands whose options come
-from one table each (``controller.settings`` and ``top``); ``analyze`` and
-``replay`` declare argparse arguments (``add_arguments(parser)`` and
+from one table each (``controller.settings`` and ``top``); ``analyze``,
+``replay`` and ``simulate`` declare argparse arguments (``add_arguments(parser)`` and
 ``run(args)``) and are passed their command line as it is. Nothing here
-imports kopf or the Kubernetes client: ``vramguard analyze`` and ``replay``
-work without either and without a cluster.
+imports kopf or the Kubernetes client: ``vramguard analyze``, ``replay`` and
+``simulate`` work without either and without a cluster.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from vramguard_operator.cli.top.command import top_command
 ARGPARSE_SUBCOMMANDS = {
     "analyze": ("vramguard_operator.cli.analyze", "say whether a VRAM log shows a leak"),
     "replay": ("vramguard_operator.cli.replay", "replay recorded usage against a budget offline"),
+    "simulate": ("vramguard_operator.cli.simulate", "simulate a GPU fleet with vramguard off and on"),
 }
 
 

@@ -1,6 +1,7 @@
 """The run of ``vramguard replay``: the replayed node and its pods, the node
 report built at each sample time, the engine on it, and its output applied as
-by a successful actions layer. ``replay.py`` reads the inputs and prints.
+by a successful actions layer (``simulate.apply``, shared with the fleet
+simulation). ``replay.py`` reads the inputs and prints.
 
 The world: every pod of the recording is selected by the budget (it gets labels
 that satisfy the selector) and runs on one node (``NODE``) with one device
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,11 +33,9 @@ from vramguard_operator.engine.types import (
     EngineConfig,
     EngineInput,
     EngineOutput,
-    Evict,
     PodFacts,
-    Recover,
-    Throttle,
 )
+from vramguard_operator.simulate.apply import apply_output
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # so that now.timestamp() == t_seconds
 NODE = "replay-node"
@@ -205,52 +204,3 @@ def _report(
             },
         }
     )
-
-
-def apply_output(
-    out: EngineOutput, budgets: Sequence[GPUMemoryBudget], pods: Sequence[PodFacts]
-) -> tuple[list[GPUMemoryBudget], list[PodFacts]]:
-    """Apply an engine output as an actions layer whose every call succeeds:
-    statuses written, annotation patches merged, Throttle and restoring Recover
-    resizes applied, evicted pods terminating. For the replay and for tests."""
-    statuses = {(u.budget.namespace, u.budget.name): u.status for u in out.statuses}
-    new_budgets = []
-    for b in budgets:
-        key = (b.metadata.namespace or "", b.metadata.name or "")
-        new_budgets.append(b.model_copy(update={"status": statuses.get(key, b.status)}))
-    patches = {p.pod.uid: p.annotations for p in out.pod_patches}
-    resizes: dict[str, dict[str, tuple[str, str | None]]] = {}
-    evicted: set[str] = set()
-    for d in out.decisions:
-        if d.pod is None:
-            continue
-        if isinstance(d, Throttle):
-            resizes.setdefault(d.pod.uid, {}).update({c.name: (c.limit, c.request) for c in d.resize})
-        elif isinstance(d, Recover) and d.restore:
-            resizes.setdefault(d.pod.uid, {}).update({c.name: (c.limit, c.request) for c in d.restore})
-        elif isinstance(d, Evict):
-            evicted.add(d.pod.uid)
-    return new_budgets, [_applied(p, patches.get(p.uid), resizes.get(p.uid), p.uid in evicted) for p in pods]
-
-
-def _applied(
-    pod: PodFacts,
-    patch: dict[str, str | None] | Any,
-    resize: dict[str, tuple[str, str | None]] | None,
-    evicted: bool,
-) -> PodFacts:
-    ann = dict(pod.annotations)
-    for k, v in (patch or {}).items():
-        if v is None:
-            ann.pop(k, None)
-        else:
-            ann[k] = v
-    containers = pod.containers
-    if resize:
-        containers = tuple(
-            replace(c, cpu_limit=resize[c.name][0], cpu_request=resize[c.name][1] or c.cpu_request)
-            if c.name in resize
-            else c
-            for c in pod.containers
-        )
-    return replace(pod, annotations=ann, containers=containers, terminating=pod.terminating or evicted)

@@ -32,6 +32,7 @@ pod annotation ``vramguard.io/limits`` (``limits_annotation``), which
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -167,14 +168,32 @@ def synthesized_budget(
 ) -> GPUMemoryBudget:
     """An in-memory GPUMemoryBudget selecting ``labels`` with the ``perDevice``,
     ``perPod.*`` and ``total.*`` entries of ``limits`` (bytes), laddered
-    ``Annotate`` only, in the namespace's effective mode."""
+    ``Annotate`` only, in the namespace's effective mode. The same arguments
+    give the same object (cached: validating it costs more than the engine's
+    evaluation of the pod; callers never change it, ``plan.prepare`` copies it
+    to add a status)."""
+    device = limits["perDevice"].bytes if "perDevice" in limits else None
+    levels = tuple(sorted((k, v.bytes) for k, v in limits.items() if k.startswith(("perPod.", "total."))))
+    return _synthesized(name, namespace, uid, tuple(sorted(labels.items())), device, levels, merged.effective_mode)
+
+
+@functools.lru_cache(maxsize=8192)
+def _synthesized(
+    name: str,
+    namespace: str,
+    uid: str,
+    labels: tuple[tuple[str, str], ...],
+    device: int | None,
+    levels: tuple[tuple[str, int], ...],
+    mode: str,
+) -> GPUMemoryBudget:
     spec_limits: dict[str, Any] = {}
     # A declared grant is the pod author's to write (nvidia.com/gpumem: 1e12): kept
     # within the API's bounds so that the budget always validates.
-    if "perDevice" in limits:
-        spec_limits["perDevice"] = {"vram": str(clamp_limit_bytes(limits["perDevice"].bytes))}
+    if device is not None:
+        spec_limits["perDevice"] = {"vram": str(clamp_limit_bytes(device))}
     for level in ("perPod", "total"):
-        values = {k.split(".")[1]: str(clamp_limit_bytes(v.bytes)) for k, v in limits.items() if k.startswith(level + ".")}
+        values = {k.split(".")[1]: str(clamp_limit_bytes(v)) for k, v in levels if k.startswith(level + ".")}
         if values:
             spec_limits[level] = values
     body = {
@@ -182,7 +201,7 @@ def synthesized_budget(
         "spec": {
             "selector": {"matchLabels": dict(labels)},
             "limits": spec_limits or {"perDevice": {"fraction": 1.0}},
-            "enforcement": {"mode": merged.effective_mode, "escalation": [{"action": "Annotate", "after": "0s"}]},
+            "enforcement": {"mode": mode, "escalation": [{"action": "Annotate", "after": "0s"}]},
         },
     }
     budget = GPUMemoryBudget.model_validate(body)

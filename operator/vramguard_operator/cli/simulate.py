@@ -1,0 +1,84 @@
+"""``vramguard simulate``: the fleet simulation, the same seed with vramguard
+off and on, and the figures that say what vramguard prevented (docs/simulation.md).
+
+A thin layer over ``simulate.run.compare``: flags in, figures out (a table, or
+JSON with ``--json``). Works without a cluster, kopf or a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vramguard_operator.simulate.nodes import parse_nodes
+from vramguard_operator.simulate.policyfile import load_policy
+from vramguard_operator.simulate.results import render
+from vramguard_operator.simulate.run import SimulationConfig, compare
+from vramguard_operator.simulate.workloads import DEFAULT_MIX, parse_mix
+
+DEFAULT_MIX_TEXT = ",".join(f"{k}={v:g}" for k, v in DEFAULT_MIX.items())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``vramguard simulate``."""
+    parser.add_argument(
+        "--nodes",
+        default="20",
+        help="GPU nodes: a number of time-sliced nodes (8 GPUs x 4 replicas), or counts by kind, "
+        "e.g. time-slicing=16,mps=2,mig=1,vgpu=1 (default 20)",
+    )
+    parser.add_argument("--hours", type=float, default=24.0, help="simulated hours (default 24)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the workload mix and the scheduler (default 1)")
+    parser.add_argument(
+        "--mix",
+        default=DEFAULT_MIX_TEXT,
+        help=f"proportions by workload kind (default {DEFAULT_MIX_TEXT})",
+    )
+    parser.add_argument(
+        "--policy",
+        default=None,
+        help="YAML file of GPUMemoryPolicies and GPUMemoryBudgets vramguard runs with "
+        "(default: the built-in policy, docs/simulation.md)",
+    )
+    parser.add_argument(
+        "--load", type=float, default=0.9, help="fraction of the GPU replicas the workloads keep busy (default 0.9)"
+    )
+    parser.add_argument(
+        "--tick",
+        type=float,
+        default=10.0,
+        help="seconds between samples: the agent's sampling interval, the time step of memory "
+        "and of vramguard's decisions (default 10)",
+    )
+    parser.add_argument("--json", action="store_true", help="print both runs' figures as JSON")
+
+
+def config_from(args: argparse.Namespace) -> SimulationConfig:
+    """The simulation the flags ask for; raises ``ValueError`` naming the flag."""
+    return SimulationConfig(
+        nodes=parse_nodes(args.nodes),
+        hours=args.hours,
+        seed=args.seed,
+        mix=parse_mix(args.mix),
+        load=args.load,
+        tick_s=args.tick,
+        policy=load_policy(args.policy),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run both simulations; 0 on success, 2 on bad input (message on stderr)."""
+    try:
+        config = config_from(args)
+    except ValueError as err:
+        print(f"vramguard simulate: {err}", file=sys.stderr)
+        return 2
+    assert config.policy is not None
+    result = compare(config, config.policy)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(result))
+    return 0

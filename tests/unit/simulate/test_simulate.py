@@ -1,0 +1,157 @@
+"""Short runs of the whole simulation: determinism, the two runs' common
+ground, vramguard's actions applied as the controller applies them, and the
+triggers deciding as evaluating everything would. Mechanics, not figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from vramguard_operator.cli.main import main
+from vramguard_operator.simulate.control import ControlConfig
+from vramguard_operator.simulate.policyfile import DEFAULT_POLICY, load_policy, parse_policy
+from vramguard_operator.simulate.run import SimulationConfig, compare, simulate
+
+SMALL = SimulationConfig(nodes={"time-slicing": 1}, hours=1.0, seed=3, tick_s=20.0)
+
+# Budgets that act: a fine-tune per-device limit with the whole ladder, fast; a
+# leak guard on the inference servers; a total over the batch namespace.
+ACTING = DEFAULT_POLICY + """\
+---
+apiVersion: vramguard.io/v1alpha1
+kind: GPUMemoryBudget
+metadata: {name: finetune, namespace: research}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/component: training}}
+  limits: {perDevice: {fraction: 0.25}}
+  tolerance: {overshootPercent: 10, duration: 30s}
+  enforcement:
+    escalation:
+    - {action: Annotate, after: 0s}
+    - {action: Throttle, after: 2m, cpuLimit: 500m}
+    - {action: Evict, after: 5m}
+---
+apiVersion: vramguard.io/v1alpha1
+kind: GPUMemoryBudget
+metadata: {name: leak-guard, namespace: serving}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/component: inference}}
+  limits: {perPod: {vram: 30Gi}}
+  leakDetection: {enabled: true, minGrowthPerHour: 1Gi, minWindow: 20m, evictBefore: 30m}
+  enforcement:
+    escalation: [{action: Annotate, after: 0s}]
+---
+apiVersion: vramguard.io/v1alpha1
+kind: GPUMemoryBudget
+metadata: {name: batch-total, namespace: batch}
+spec:
+  selector: {}
+  limits: {total: {vram: 40Gi}}
+  enforcement:
+    escalation:
+    - {action: Annotate, after: 0s}
+    - {action: Evict, after: 1m}
+"""
+MIX = {"training": 0.1, "inference": 0.2, "leaking-inference": 0.2, "finetune": 0.3, "batch": 0.2}
+
+
+def figures(result):
+    out = result.to_json()
+    out.pop("wall_seconds")
+    out.pop("cpu_seconds")
+    return out
+
+
+def test_same_seed_same_result_and_another_seed_another():
+    on = replace(SMALL, hours=0.5, policy=load_policy(None))
+    assert figures(simulate(on)) == figures(simulate(on))
+    assert figures(simulate(replace(on, seed=4))) != figures(simulate(on))
+
+
+def test_off_and_on_see_the_same_fleet_and_annotations_change_nothing_physical():
+    c = compare(SMALL, load_policy(None))
+    assert not c.off.vramguard and c.on.vramguard
+    assert c.on.actions.get("Annotate", 0) > 0  # the built-in policy's implicit budgets annotate
+    # annotating is not physical: the fleet lives through the same hour
+    for key in ("innocent_ooms", "over_share_ooms", "jobs_completed", "gpu_memory_in_use_bytes"):
+        assert getattr(c.off, key) == getattr(c.on, key), key
+    assert c.on.actions_within_limits == 0
+
+
+def test_acting_budgets_throttle_and_evict_never_on_a_pod_within_its_limits():
+    config = replace(SMALL, mix=MIX, policy=parse_policy(ACTING, "test"))
+    r = simulate(config)
+    assert r.actions.get("Throttle", 0) > 0 and r.evictions > 0
+    assert r.actions_within_limits == 0, r.within_limits_examples
+    # the policy's rate limit (2 a minute, burst 2) holds over the run
+    assert r.evictions <= 2 + 2 * config.hours * 60
+
+
+@pytest.mark.parametrize("policy", ["built-in", "acting"])
+def test_the_triggers_decide_as_evaluating_every_pod_at_every_tick(policy):
+    exact = ControlConfig(band_bytes=0, band_fraction=0.0)  # no dead-band: exactly the same decisions
+    text = DEFAULT_POLICY if policy == "built-in" else ACTING
+    base = replace(SMALL, hours=1.0, tick_s=30.0, mix=MIX, policy=parse_policy(text, policy))
+    fast = simulate(replace(base, control=exact))
+    every = simulate(replace(base, control=replace(exact, exhaustive=True)))
+    for key in ("innocent_ooms", "over_share_ooms", "actions", "evictions", "evictions_blocked",
+                "evictions_rate_limited", "jobs_completed", "dry_run_steps", "gpu_memory_in_use_bytes"):
+        assert getattr(fast, key) == getattr(every, key), key
+    if policy == "built-in":  # per-pod implicit budgets: the triggers' point
+        assert every.pods_evaluated > 3 * fast.pods_evaluated
+
+
+def test_dry_run_changes_nothing_physical():
+    dry = ACTING.replace("mode: Enforce", "mode: DryRun")
+    c = compare(replace(SMALL, tick_s=30.0, mix=MIX), parse_policy(dry, "dry"))
+    assert c.on.dry_run_steps > 0 and not c.on.actions and c.on.evictions == 0
+    assert c.on.innocent_ooms == c.off.innocent_ooms and c.on.jobs_completed == c.off.jobs_completed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("kind: Pod", "document 1: kind 'Pod'"),
+        ("apiVersion: vramguard.io/v1alpha1\nkind: GPUMemoryBudget\nmetadata: {name: b, namespace: default}\n"
+         "spec: {selector: {}, limits: {perPod: {vram: 1Gi}}}", "metadata.namespace 'default'"),
+        ("apiVersion: vramguard.io/v1alpha1\nkind: GPUMemoryPolicy\nmetadata: {name: p}\nspec: {mode: Sometimes}",
+         "document 1: spec.mode"),
+        ("", "no GPUMemoryPolicy"),
+        ("a: [", "not YAML"),
+    ],
+)
+def test_bad_policy_files_name_the_document_and_the_field(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_policy(text, "p.yaml")
+
+
+def test_the_command_prints_both_runs_as_json(capsys, tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(DEFAULT_POLICY)
+    argv = ["simulate", "--nodes", "time-slicing=1,mig=1", "--hours", "0.25", "--seed", "9", "--policy", str(policy)]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["setup"]["seed"] == 9 and out["setup"]["policy"] == str(policy)
+    assert set(out) == {"setup", "off", "on"}
+    for run in ("off", "on"):
+        assert {"innocent_ooms", "over_share_ooms", "actions_within_limits", "evictions",
+                "gpu_memory_in_use_bytes", "jobs_completed"} <= set(out[run])
+    assert main(argv) == 0
+    assert "innocent OOM kills (within share)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--mix", "training=1,gaming=2"], "--mix: 'gaming=2'"),
+        (["--mix", "training=0"], "gives every kind 0"),
+        (["--nodes", "tpu=3"], "--nodes: 'tpu=3'"),
+        (["--hours", "0"], "hours: 0.0"),
+        (["--policy", "/nonexistent.yaml"], "--policy /nonexistent.yaml"),
+    ],
+)
+def test_bad_flags_are_named(capsys, flags, message):
+    assert main(["simulate", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -110,6 +110,15 @@ def test_dry_run_changes_nothing_physical():
     assert c.on.innocent_ooms == c.off.innocent_ooms and c.on.jobs_completed == c.off.jobs_completed
 
 
+def test_nothing_is_done_in_an_exempt_namespace():
+    finetune_only = ACTING.split("---")[:2]  # the policy and the research budget
+    exempt = "---".join(finetune_only).replace("  mode: Enforce", "  mode: Enforce\n  exemptNamespaces: [research]")
+    r = simulate(replace(SMALL, mix=MIX, policy=parse_policy(exempt, "exempt")))
+    assert r.dry_run_steps > 0  # the violations are seen and reported...
+    assert not r.actions.get("Throttle") and r.evictions == 0  # ...and nothing is done about them
+    assert all(k == "Annotate" for k in r.actions)  # implicit budgets elsewhere still annotate
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -56,6 +56,8 @@ from vramguard_operator.simulate.policyfile import PolicySet
 from vramguard_operator.simulate.triggers import EPOCH, BudgetKey, Triggers
 from vramguard_operator.simulate.workloads import NAMESPACES
 
+FORGET_EVERY_S = 600.0
+
 
 @dataclass(frozen=True, slots=True)
 class ControlConfig:
@@ -69,7 +71,7 @@ class ControlConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     eviction_retry_s: float = 30.0
     default_rate_limit: EvictionRateLimit = field(default_factory=EvictionRateLimit)
-    refresh_s: float = 1800.0
+    refresh_s: float = 3600.0
     band_bytes: int = 64 << 20
     band_fraction: float = 0.02
     couple_devices: bool = False
@@ -111,6 +113,7 @@ class Vramguard:
         self.status: dict[BudgetKey, GPUMemoryBudgetStatus | None] = dict.fromkeys(self.budgets)
         self.triggers = Triggers(self.budgets, config, fleet.tick_s)
         self.counts = ControlCounts()
+        self._forget_at = 0.0
         self._evicts: set[tuple[str, str, str, ViolationKey]] = set()
 
     # --- one tick ----------------------------------------------------------------------
@@ -119,10 +122,11 @@ class Vramguard:
         """Evaluate what changed at ``t`` and apply the decisions."""
         self.t = t
         fleet = self.fleet
-        if fleet.removed:
+        if fleet.removed and t >= self._forget_at:  # what gone pods left behind: unused, so dropped now and then
             live = [p.uid for p in fleet.pods.values()]
             self.memory.forget(live)
             self.limiter.forget(live)
+            self._forget_at = t + FORGET_EVERY_S
         pods, budgets = self.triggers.collect(t, fleet, exhaustive=self.config.exhaustive)
         if not pods and not budgets:
             return

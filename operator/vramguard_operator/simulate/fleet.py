@@ -134,8 +134,8 @@ class SimPod:
         return self.kill_s is not None
 
     def held(self) -> int:
-        """Bytes its process holds now."""
-        return 0 if self.gpu is None else self.gpu.device.holding(self.pid)
+        """Bytes its process holds now (0 while its container is down)."""
+        return 0 if self.proc is None else self.proc.used_bytes
 
     def set_facts(self, facts: PodFacts) -> None:
         """A new API view (annotations, CPU resources, deletion): the CPU speed

@@ -169,8 +169,11 @@ class Triggers:
                 if features is not self.last_trend.get(p):  # recomputed now
                     self.last_trend[p] = features
                     pods.add(p)
-        for p, tr in self.tracks.items():
-            if tr.usage.outside(p.held()) or t >= tr.due:
+        for p, tr in self.tracks.items():  # every pod, every tick: kept flat
+            proc = p.proc
+            v = proc.used_bytes if proc is not None else 0
+            u = tr.usage
+            if v > u.hi or v < u.lo or t >= tr.due:
                 pods.add(p)
         for key, interval in self.totals.items():
             if interval.outside(sum(p.held() for p in self.budget_pods[key] if not p.terminating)):

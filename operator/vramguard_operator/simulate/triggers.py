@@ -137,8 +137,8 @@ class Triggers:
         self.budget_sig: dict[BudgetKey, dict[str | None, Signature]] = {}
         self.totals: dict[BudgetKey, _Interval] = {k: _Interval() for k in self.total_budgets}
         self.tracks: dict[SimPod, _Track] = {}
-        # the agent's own history code and defaults (no bound on pods: the fleet is the node here)
-        self.trends = HistoryStore(max_pods=1 << 30)
+        # the agent's own history code and defaults, one store per node as each node's agent keeps
+        self.trends: dict[str, HistoryStore] = {}
         self.trend_pods: set[SimPod] = set()
         self.last_trend: dict[SimPod, TrendFeatures | None] = {}
 
@@ -162,13 +162,7 @@ class Triggers:
                 if p not in self.tracks:
                     self._see(p, t)
                 pods.add(p)
-        if self.trend_pods:  # as the agent's sampler: every pod's value, then the features on their schedule
-            self.trends.add(t, {p.uid: p.held() for p in self.trend_pods})
-            for p in self.trend_pods:
-                features = self.trends.trend(p.uid, t)
-                if features is not self.last_trend.get(p):  # recomputed now
-                    self.last_trend[p] = features
-                    pods.add(p)
+        self._sample_trends(t, pods)
         for p, tr in self.tracks.items():  # every pod, every tick: kept flat
             proc = p.proc
             v = proc.used_bytes if proc is not None else 0
@@ -183,6 +177,27 @@ class Triggers:
             pods.update(self.tracks)
             budgets.update(self.budget_pods)
         return self._closure(pods, budgets)
+
+    def _sample_trends(self, t: float, pods: set[SimPod]) -> None:
+        """As each node's agent samples: every pod's value into its node's history,
+        then the features on their schedule (``HistoryStore.trends``, with its cap
+        on refreshes per tick); a pod whose features were recomputed is due."""
+        by_node: dict[str, list[SimPod]] = {}
+        for p in self.trend_pods:
+            if p.gpu is not None:
+                by_node.setdefault(p.gpu.node.name, []).append(p)
+        for node, members in by_node.items():
+            store = self.trends.get(node)
+            if store is None:
+                store = self.trends[node] = HistoryStore()
+            values = {p.uid: p.held() for p in members}
+            store.add(t, values)
+            found = store.trends(values, t)
+            for p in members:
+                features = found.get(p.uid)
+                if features is not self.last_trend.get(p):  # recomputed now
+                    self.last_trend[p] = features
+                    pods.add(p)
 
     def _see(self, pod: SimPod, t: float) -> None:
         keys = tuple(

@@ -147,6 +147,8 @@ def _group(snap: Snapshot, policy: EffectivePolicy, namespaces: list[str], commo
         policy=policy,
         config=common.config,
         device_limits=view.device_limits,
+        pressure_rules=view.pressure_rules,
+        device_shares=view.device_shares,
     )
     return Group(policy, namespaces, inp, current, view)
 

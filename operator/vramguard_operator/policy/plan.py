@@ -32,7 +32,7 @@ from typing import Any
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.engine.types import BudgetStatusUpdate, PodFacts, PodRef
+from vramguard_operator.engine.types import BudgetStatusUpdate, PodFacts, PodRef, PressureRule
 from vramguard_operator.policy.ceilings import SOURCE_BUDGET, effective_budget
 from vramguard_operator.policy.claim_budgets import ClaimBudget, claim_budgets
 from vramguard_operator.policy.dra import ClaimGrants, DRAConfig, claim_grants
@@ -48,6 +48,7 @@ from vramguard_operator.policy.implicit import (
 )
 from vramguard_operator.policy.merge import MergedPolicy, merge
 from vramguard_operator.policy.node import NodeFacts
+from vramguard_operator.policy.pressure import device_shares, namespace_rules
 from vramguard_operator.policy.sharers import kai_group_devices, sharer_grants
 
 
@@ -72,7 +73,10 @@ class PolicyView:
     real budgets. ``problems``: budgets the ceilings could not be applied to
     (evaluated as they are), one line each. ``gpu_pods``: the GPU pods given.
     ``claims``: the shared claims' budgets (also in ``budgets``). ``pod_problems``:
-    by PodRef, what could not be read of the pod's grants."""
+    by PodRef, what could not be read of the pod's grants. ``pressure_rules``,
+    ``device_shares``: the device-pressure rule of each namespace of the pods
+    and the node's share of each device (``EngineInput``'s fields of the same
+    names)."""
 
     budgets: tuple[GPUMemoryBudget, ...]
     pods: tuple[PodFacts, ...]
@@ -82,6 +86,8 @@ class PolicyView:
     gpu_pods: tuple[Mapping[str, Any], ...] = ()
     claims: tuple[ClaimBudget, ...] = ()
     pod_problems: Mapping[PodRef, tuple[PodProblem, ...]] = field(default_factory=dict)
+    pressure_rules: Mapping[str, PressureRule] = field(default_factory=dict)
+    device_shares: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def device_limits(self) -> dict[str, dict[str, int]]:
@@ -164,6 +170,8 @@ def prepare(
         gpu_pods=tuple(gpu_pods),
         claims=tuple(claims),
         pod_problems=_pod_problems(gpu_pods, grants),
+        pressure_rules=namespace_rules(merged, {p.namespace for p in pods}),
+        device_shares=device_shares(nodes),
     )
 
 

@@ -32,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from vramguard_api.budget import Violation, ViolationKind
+from vramguard_api.budget import GPUMemoryBudget, Violation, ViolationKind
 from vramguard_api.usage import DeviceUsage, GPUDevice, NodeGPUUsageStatus, PodUsage
 from vramguard_operator.engine.inputs import EngineInput, PodFacts
 from vramguard_operator.engine.keys import BudgetRef
@@ -71,13 +71,12 @@ def previous_entries(inp: EngineInput) -> dict[PreviousKey, Previous]:
     return out
 
 
-def budget_rule(sel: Selection) -> PressureRule | None:
-    """A budget's own ``devicePressure`` as a rule (None when unset)."""
-    dp = sel.budget.spec.device_pressure
+def budget_rule(budget: GPUMemoryBudget, source: str) -> PressureRule | None:
+    """A budget's own ``devicePressure`` as a rule from ``source`` (None when unset)."""
+    dp = budget.spec.device_pressure
     if dp is None:
         return None
-    where = f"budget {sel.ref.namespace}/{sel.ref.name}"
-    return PressureRule(dp.min_free_fraction(), dp.min_free_bytes(), dp.action, where)
+    return PressureRule(dp.min_free_fraction(), dp.min_free_bytes(), dp.action, source)
 
 
 @dataclass(slots=True)
@@ -131,7 +130,7 @@ def device_facts(
 def _overrides(selections: Sequence[Selection]) -> dict[str, PressureRule]:
     found: dict[str, list[PressureRule]] = defaultdict(list)
     for sel in selections:
-        rule = budget_rule(sel)
+        rule = budget_rule(sel.budget, f"budget {sel.ref.namespace}/{sel.ref.name}")
         if rule is not None:
             for p in sel.matched:
                 found[p.uid].append(rule)
@@ -143,10 +142,7 @@ def _node_drafts(ctx: _Context, name: str, node: Node) -> list[DeviceFacts]:
     if node.state != "Fresh" or node.report is None or node.report.status is None:
         return []
     st = node.report.status
-    on: dict[str, list[tuple[PodUsage, DeviceUsage]]] = defaultdict(list)
-    for pu in st.pods:
-        for du in pu.devices:
-            on[du.uuid].append((pu, du))
+    on = device_entries(st)
     unattributed = {u.device for u in st.unattributed}
     out = []
     for dev in st.devices:
@@ -156,17 +152,28 @@ def _node_drafts(ctx: _Context, name: str, node: Node) -> list[DeviceFacts]:
         )
         if not any(o.rule is not None and o.mode != "Exempt" for o in occupants):
             continue
-        why = _unknown(st, dev, entries, dev.uuid in unattributed)
+        why = unknown_reason(st, dev, entries, dev.uuid in unattributed)
         usable = dev.memory.usable_bytes if dev.memory is not None else None
         used = dev.memory.used_bytes if dev.memory is not None else None
         out.append(DeviceFacts(dev.uuid, name, usable, used, not why, occupants, why))
     return out
 
 
-def _unknown(
+def device_entries(st: NodeGPUUsageStatus) -> dict[str, list[tuple[PodUsage, DeviceUsage]]]:
+    """The report's pod entries on each device, by device UUID."""
+    on: dict[str, list[tuple[PodUsage, DeviceUsage]]] = defaultdict(list)
+    for pu in st.pods:
+        for du in pu.devices:
+            on[du.uuid].append((pu, du))
+    return on
+
+
+def unknown_reason(
     st: NodeGPUUsageStatus, dev: GPUDevice, entries: list[tuple[PodUsage, DeviceUsage]], unattributed: bool
 ) -> str:
-    """Why the device's data cannot be acted on ("" when it can)."""
+    """Why the device's data cannot be acted on ("" when it can): ``entries``,
+    the report's pods on it (``device_entries``); ``unattributed``, whether a
+    process on it belongs to no known pod."""
     if st.truncated:
         return "the node report is truncated"
     if dev.health != "Healthy":

@@ -3,9 +3,10 @@ falls under it (``devicePressure`` in a GPUMemoryPolicy and, as an override
 for the pods it selects, in a GPUMemoryBudget).
 
 The kubelet's eviction manager applied to GPU memory: when a device's free
-memory (usable minus used, from its node's report) is under ``minFree``, the
-pod on it most above its share is acted on at once, bypassing the ladder's
-delays (docs/device-pressure.md). ``minFree`` is a percentage of the device's
+memory (usable minus used, from its node's report) is under ``minFree`` — or,
+with ``protectShares``, under the room a pod within its share still needs to
+reach it — the pod on it most above its share is acted on at once, bypassing
+the ladder's delays (docs/device-pressure.md). ``minFree`` is a percentage of the device's
 usable memory (``"5%"``, as kubelet thresholds such as ``memory.available<10%``
 are written) or a quantity (``"4Gi"``).
 """
@@ -101,6 +102,13 @@ class DevicePressure(APIModel):
         description="Free memory (usable minus used, from the node's report) each device must keep. "
         + _MIN_FREE_DOC
         + f" Default {DEFAULT_MIN_FREE}.",
+    )
+    protect_shares: bool = Field(
+        default=True,
+        alias="protectShares",
+        description="Also keep free the room the pod within its share furthest below it needs to reach it, so that "
+        "any pod within its share can always grow to its share: a device is then under pressure while its free "
+        "memory is under minFree or under that room. false: minFree alone (the kubelet's rule).",
     )
     action: PressureAction = Field(
         default="Evict",

@@ -190,10 +190,14 @@ def restore_problem(namespace: str, pod: str, left: list[str]) -> str:
 
 
 def pressure_head(v: Verdict) -> str:
-    """``device GPU-1 on node-a has 3.1Gi free (under 5%: 3.9Gi)``."""
-    d, rule = v.device, v.rule
-    under = "" if rule is None else f" (under {rule.text()}: {format_bytes(v.min_free)})"
-    return f"device {d.uuid} on {d.node} has {format_bytes(d.free)} free{under}"
+    """``device GPU-1 on node-a has 3.1Gi free (under 5%: 3.9Gi)``, or, when
+    the room a pod within its share needs set the threshold, ``... has 3.1Gi
+    free, less than the 9.8Gi pod chat needs to reach its share of 19.8Gi``."""
+    d, rule, o = v.device, v.rule, v.room_for
+    head = f"device {d.uuid} on {d.node} has {format_bytes(d.free)} free"
+    if o is not None:
+        return f"{head}, less than the {format_bytes(o.room)} pod {o.pod.name} needs to reach its share of {format_bytes(o.share)}"
+    return head if rule is None else f"{head} (under {rule.text()}: {format_bytes(v.min_free)})"
 
 
 def _protects(v: Verdict) -> str:

@@ -2,8 +2,9 @@
 idea applied to GPU memory (docs/device-pressure.md).
 
 When a device's free memory (usable minus used, from a fresh and complete node
-report) is under the largest ``minFree`` of the rules of the pods on it, the
-pod most above its share there — ranked by bytes above share, as the kubelet
+report) is under the largest ``minFree`` of the rules of the pods on it — or
+under the room a pod within its share still needs to reach it, when its rule
+protects shares (``protectShares``) — the pod most above its share there — ranked by bytes above share, as the kubelet
 ranks pods by usage above requests — is the one to act on, at once. Never a
 pod within its share; never a second one while a pod on the device is leaving
 (terminating, or evicted earlier in the same evaluation) with memory still
@@ -31,14 +32,16 @@ VerdictKind = Literal["NoRule", "Unknown", "Clear", "Waiting", "Act", "NoCandida
 @dataclass(frozen=True, slots=True)
 class PressureRule:
     """One pod's device-pressure rule: the free memory it wants kept on its
-    devices (the larger of ``min_free_fraction`` × usable and ``min_free_bytes``)
-    and the action taken on it. ``source``: where it came from
-    (``policy/<name>``, ``budget <ns>/<name>``), for messages."""
+    devices (the larger of ``min_free_fraction`` × usable and ``min_free_bytes``),
+    whether the room it needs to reach its share is kept free too
+    (``protect_shares``), and the action taken on it. ``source``: where it
+    came from (``policy/<name>``, ``budget <ns>/<name>``), for messages."""
 
     min_free_fraction: float | None = None
     min_free_bytes: int | None = None
     action: PressureAction = "Evict"
     source: str = ""
+    protect_shares: bool = True
 
     def min_free(self, usable: int) -> int:
         """The free memory wanted on a device with ``usable`` bytes (bytes)."""
@@ -56,13 +59,15 @@ class PressureRule:
     @classmethod
     def combine(cls, rules: Iterable[PressureRule]) -> PressureRule | None:
         """The most protective of ``rules``: the largest fraction and the largest
-        bytes; action and source of the first. None when there is none."""
+        bytes, shares protected when any protects them; action and source of
+        the first. None when there is none."""
         found = list(rules)
         if not found:
             return None
         fractions = [r.min_free_fraction for r in found if r.min_free_fraction is not None]
         sizes = [r.min_free_bytes for r in found if r.min_free_bytes is not None]
-        return cls(max(fractions, default=None), max(sizes, default=None), found[0].action, found[0].source)
+        protect = any(r.protect_shares for r in found)
+        return cls(max(fractions, default=None), max(sizes, default=None), found[0].action, found[0].source, protect)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,16 @@ class Occupant:
     def within(self) -> bool:
         """Whether it is known to hold at most its share."""
         return self.used is not None and self.share is not None and self.used <= self.share
+
+    @property
+    def room(self) -> int:
+        """What it still needs to reach its share when its rule protects shares
+        (bytes; 0 when it is above, leaving, exempt or unprotected)."""
+        if self.rule is None or not self.rule.protect_shares or self.mode == "Exempt" or self.leaving:
+            return 0
+        if self.used is None or self.share is None:
+            return 0
+        return max(0, self.share - self.used)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +146,10 @@ class Verdict:
     ``waiting_for``), ``NoCandidate`` (under it, and no pod subject to a rule
     is above its share), ``Act`` (``candidates[0]`` is the pod to act on; the
     others, in rank order, are the fall-backs when it cannot be evicted).
-    ``protected``: the pods within their shares. ``rule``: the rule that set
-    ``min_free`` (bytes)."""
+    ``protected``: the pods within their shares. ``min_free``: the free memory
+    the device must keep (bytes): the largest ``minFree`` of its pods' rules
+    (``rule``), or the room ``room_for`` (a pod within its share whose rule
+    protects shares) still needs to reach its share, when that is larger."""
 
     device: DeviceFacts
     kind: VerdictKind
@@ -141,6 +158,7 @@ class Verdict:
     candidates: tuple[Occupant, ...] = ()
     protected: tuple[Occupant, ...] = ()
     waiting_for: tuple[Occupant, ...] = ()
+    room_for: Occupant | None = None
 
     @property
     def chosen(self) -> Occupant | None:
@@ -173,13 +191,19 @@ def decide(d: DeviceFacts) -> Verdict:
     usable = d.usable
     rule = max((o.rule for o in ruled if o.rule is not None), key=lambda r: r.min_free(usable))
     min_free = rule.min_free(usable)
+    neediest = max(d.occupants, key=lambda o: (o.room, o.pod.namespace, o.pod.name))
+    room_for = neediest if neediest.room > min_free else None
+    if room_for is not None:
+        min_free = room_for.room
     protected = tuple(o for o in d.occupants if o.within and not o.leaving)
+
+    def verdict(kind: VerdictKind, **more: tuple[Occupant, ...]) -> Verdict:
+        return Verdict(d, kind, min_free, rule, protected=protected, room_for=room_for, **more)
+
     if free >= min_free:
-        return Verdict(d, "Clear", min_free, rule, protected=protected)
+        return verdict("Clear")
     leaving = tuple(o for o in d.occupants if o.leaving and (o.used is None or o.used > 0))
     if leaving:
-        return Verdict(d, "Waiting", min_free, rule, protected=protected, waiting_for=leaving)
+        return verdict("Waiting", waiting_for=leaving)
     candidates = tuple(sorted((o for o in d.occupants if subject(o)), key=rank_key))
-    if not candidates:
-        return Verdict(d, "NoCandidate", min_free, rule, protected=protected)
-    return Verdict(d, "Act", min_free, rule, candidates, protected)
+    return verdict("Act", candidates=candidates) if candidates else verdict("NoCandidate")

@@ -22,8 +22,9 @@ For each device of a fresh node report with a pod of the evaluation on it:
   first that selects it); and whether it was the device's chosen pod at the
   last evaluation (from that budget's status).
 
-Shares are worked out only for devices under their threshold: the other
-devices need nothing but their free memory.
+Shares are worked out for the devices whose data can be acted on (a device's
+threshold may be the room a pod within its share needs to reach it), in one
+pass over the budgets' selections.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def budget_rule(budget: GPUMemoryBudget, source: str) -> PressureRule | None:
     dp = budget.spec.device_pressure
     if dp is None:
         return None
-    return PressureRule(dp.min_free_fraction(), dp.min_free_bytes(), dp.action, source)
+    return PressureRule(dp.min_free_fraction(), dp.min_free_bytes(), dp.action, source, dp.protect_shares)
 
 
 @dataclass(slots=True)
@@ -120,11 +121,11 @@ def device_facts(
     pods = {p.uid: p for p in inp.pods}
     ctx = _Context(inp, pods, frozenset(evicting), overrides, previous_entries(inp), selections)
     drafts = [d for name in sorted(nodes) for d in _node_drafts(ctx, name, nodes[name])]
-    pressed = {o.pod.uid for d in drafts if _under(d) for o in d.occupants}
-    if not pressed:
+    known = {o.pod.uid for d in drafts if d.known for o in d.occupants}
+    if not known:
         return drafts
-    by_pod = ctx.budgets_of(pressed)
-    return [_with_shares(ctx, d, by_pod) if _under(d) else d for d in drafts]
+    by_pod = ctx.budgets_of(known)
+    return [_with_shares(ctx, d, by_pod) if d.known else d for d in drafts]
 
 
 def _overrides(selections: Sequence[Selection]) -> dict[str, PressureRule]:
@@ -195,14 +196,6 @@ def _draft(ctx: _Context, pod: PodFacts, pu: PodUsage, du: DeviceUsage) -> Occup
     mode: OccupantMode = "Exempt" if exempt else "Enforce"
     used = du.used_bytes if pu.attribution == "Measured" else None
     return Occupant(pod.ref, used, None, ctx.rule(pod), mode, ctx.leaving(pod))
-
-
-def _under(d: DeviceFacts) -> bool:
-    """Whether the device may be under its threshold (its shares are then needed)."""
-    free, usable = d.free, d.usable
-    if not d.known or free is None or usable is None:
-        return False
-    return any(free < o.rule.min_free(usable) for o in d.occupants if o.rule is not None and o.mode != "Exempt")
 
 
 def _with_shares(ctx: _Context, d: DeviceFacts, by_pod: Mapping[str, list[Selection]]) -> DeviceFacts:

@@ -71,6 +71,11 @@ def _pressure_bytes(p: GPUMemoryPolicy) -> int | None:
     return None if dp is None else dp.min_free_bytes()
 
 
+def _pressure_protect(p: GPUMemoryPolicy) -> bool | None:
+    dp = p.spec.device_pressure
+    return None if dp is None else dp.protect_shares
+
+
 def _pressure_action(p: GPUMemoryPolicy) -> str | None:
     dp = p.spec.device_pressure
     return None if dp is None else dp.action
@@ -150,6 +155,7 @@ FIELDS: dict[str, tuple[Reader, Combiner]] = {
     # the most protective threshold wins: the largest of each kind (docs/device-pressure.md)
     "pressure_min_free_fraction": (_pressure_fraction, _largest),
     "pressure_min_free_bytes": (_pressure_bytes, _largest),
+    "pressure_protect_shares": (_pressure_protect, _largest),  # True beats False
     "pressure_action": (_pressure_action, _first),
 }
 """MergedPolicy field -> (reader of one policy's value or None, combiner)."""
@@ -172,6 +178,7 @@ FIELD_PATHS = {
     "inject_framework_caps": "injectFrameworkCaps",
     "pressure_min_free_fraction": "devicePressure.minFree",
     "pressure_min_free_bytes": "devicePressure.minFree",
+    "pressure_protect_shares": "devicePressure.protectShares",
     "pressure_action": "devicePressure.action",
 }
 """MergedPolicy field -> the spec path it comes from, as status and docs name it."""

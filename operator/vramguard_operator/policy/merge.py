@@ -27,8 +27,8 @@ Precedence (docs/policy.md, "Precedence"):
 - ``injectFrameworkCaps``: on when any applying policy opts in.
 - ``devicePressure``: the largest ``minFree`` percentage and the largest
   ``minFree`` quantity of the applying policies both hold (a device keeps the
-  larger of the two: the most protective threshold wins); ``action`` is the
-  first policy's. A policy with ``devicePressure`` and no ``defaults`` counts
+  larger of the two: the most protective threshold wins); ``protectShares``
+  when any of them asks for it; ``action`` is the first policy's. A policy with ``devicePressure`` and no ``defaults`` counts
   as asking for the node's share (``shareFromNode``): the rule measures pods
   against their shares.
 - Ties go to the policy whose name sorts first, so the winner is stable.
@@ -88,6 +88,7 @@ class MergedPolicy:
     inject_framework_caps: Sourced[bool] | None = None
     pressure_min_free_fraction: Sourced[float] | None = None
     pressure_min_free_bytes: Sourced[int] | None = None
+    pressure_protect_shares: Sourced[bool] | None = None
     pressure_action: Sourced[str] | None = None
     invalid: tuple[str, ...] = ()
 

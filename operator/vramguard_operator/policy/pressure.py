@@ -16,19 +16,22 @@ from vramguard_operator.policy.shares import node_share
 
 def namespace_rule(merged: MergedPolicy) -> PressureRule | None:
     """The namespace's device-pressure rule: the largest ``minFree`` percentage
-    and quantity of its applying policies (``merge``); None when no policy
-    sets one, or the namespace is exempt (vramguard never acts there)."""
+    and quantity of its applying policies (``merge``), protecting shares when
+    any of them does; None when no policy sets one, or the namespace is
+    exempt (vramguard never acts there)."""
     fraction, size = merged.pressure_min_free_fraction, merged.pressure_min_free_bytes
     if merged.exempt or (fraction is None and size is None):
         return None
     source = fraction if fraction is not None else size
     assert source is not None
     action = "Evict" if merged.pressure_action is None else merged.pressure_action.value
+    protect = merged.pressure_protect_shares
     return PressureRule(
         min_free_fraction=None if fraction is None else fraction.value,
         min_free_bytes=None if size is None else size.value,
         action=cast(PressureAction, action),  # a value of the API's enum
         source=source.source,
+        protect_shares=protect is None or protect.value,
     )
 
 

@@ -55,7 +55,8 @@ def test_refused_with_the_value_and_the_bound(value: str, message: str) -> None:
 
 def test_conversions_and_defaults() -> None:
     dp = DevicePressure()
-    assert (dp.min_free, dp.action) == ("5%", "Evict")
+    assert (dp.min_free, dp.action, dp.protect_shares) == ("5%", "Evict", True)
+    assert not DevicePressure(protectShares=False).protect_shares
     assert dp.min_free_fraction() == 0.05 and dp.min_free_bytes() is None
     q = DevicePressure(minFree="4Gi")
     assert q.min_free_fraction() is None and q.min_free_bytes() == 4 * GI

@@ -23,7 +23,8 @@ from vramguard_operator.engine.types import (
 )
 
 USABLE = 80 * GI
-FIVE = PressureRule(min_free_fraction=0.05, source="policy/fleet")
+FIVE = PressureRule(min_free_fraction=0.05, source="policy/fleet", protect_shares=False)  # minFree alone
+GUARD = PressureRule(min_free_fraction=0.05, source="policy/fleet")  # and the room of pods within their shares
 
 
 def shares(**kw: Any) -> GPUMemoryBudget:
@@ -132,6 +133,17 @@ def test_nothing_with_enough_free_memory() -> None:
     out = run([shares()], PODS, gpu_report(0, SQUEEZED, free=4.5), 0)
     assert pressure_decisions(out) == []
     assert out.devices[0].state == "Clear"
+
+
+def test_the_room_a_neighbour_needs_to_reach_its_share() -> None:
+    """With protectShares, 4.5Gi free is not enough while embedder (5Gi of its
+    20Gi share) may still need 15Gi; 15Gi free is."""
+    out = run([shares()], PODS, gpu_report(0, SQUEEZED, free=4.5), 0, rules={"ml": GUARD})
+    [d] = pressure_decisions(out)
+    assert d.pod.name == "finetune-0"
+    assert "has 4.5Gi free, less than the 15Gi pod embedder needs to reach its share of 20Gi" in d.event.message
+    assert out.devices[0].min_free_bytes == 15 * GI
+    assert pressure_decisions(run([shares()], PODS, gpu_report(0, SQUEEZED, free=15), 0, rules={"ml": GUARD})) == []
 
 
 def test_no_rule_no_report() -> None:
@@ -254,7 +266,7 @@ def test_incomplete_data_never_acts() -> None:
 def test_a_budgets_override_is_more_protective() -> None:
     strict = shares().model_copy(deep=True)
     strict.spec.device_pressure = type(strict.spec).model_validate(
-        {**strict.spec.model_dump(by_alias=True), "devicePressure": {"minFree": "10%"}}
+        {**strict.spec.model_dump(by_alias=True), "devicePressure": {"minFree": "10%", "protectShares": False}}
     ).device_pressure
     out = run([strict], PODS, gpu_report(0, SQUEEZED, free=6), 0)
     [d] = pressure_decisions(out)

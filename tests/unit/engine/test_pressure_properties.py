@@ -49,6 +49,7 @@ class World:
     free: dict[str, int]  # GiB per device
     complete: bool
     age: int  # seconds the report is old
+    protect: bool  # the rule keeps the room of pods within their shares
 
 
 @st.composite
@@ -66,7 +67,7 @@ def worlds(draw: st.DrawFn) -> World:
         for i in range(n)
     )
     free = {d: draw(st.integers(0, 12)) for d in DEVICES}
-    return World(tenants, free, draw(st.booleans()), draw(st.sampled_from([0, 0, 0, 120])))
+    return World(tenants, free, draw(st.booleans()), draw(st.sampled_from([0, 0, 0, 120])), draw(st.booleans()))
 
 
 def share(t: Tenant) -> int:
@@ -124,7 +125,7 @@ def report_of(w: World, pods: list[PodFacts], t: float) -> NodeGPUUsage:
 
 
 def evaluate_world(w: World, budgets: list[GPUMemoryBudget], pods: list[PodFacts], t: float) -> EngineOutput:
-    rule = PressureRule(min_free_fraction=0.05, source="policy/p")
+    rule = PressureRule(min_free_fraction=0.05, source="policy/p", protect_shares=w.protect)
     return evaluate(
         EngineInput(
             budgets=tuple(budgets),
@@ -167,7 +168,9 @@ def check(w: World, out: EngineOutput, pods: list[PodFacts]) -> None:
         assert w.complete and w.age == 0, "incomplete or stale data acted on"
         held = [y for y in w.tenants if y.device == x.device and y.name in terminating and y.used > 0]
         assert not held, "a second eviction while one terminates"
-        assert w.free[x.device] * GI < USABLE * 0.05
+        rooms = [share(y) - y.used * GI for y in w.tenants if y.device == x.device and y.ns != "sys"
+                 and y.name not in terminating and y.used * GI <= share(y)] if w.protect else []
+        assert w.free[x.device] * GI < max([USABLE * 0.05, *rooms]), "acted with enough free memory"
 
 
 @settings(max_examples=300, deadline=None)

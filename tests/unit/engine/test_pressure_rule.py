@@ -14,7 +14,8 @@ from vramguard_operator.engine.pressure import DeviceFacts, Occupant, PressureRu
 
 GI = 1 << 30
 USABLE = 80 * GI
-FIVE = PressureRule(min_free_fraction=0.05, source="policy/p")  # 4Gi of 80Gi
+FIVE = PressureRule(min_free_fraction=0.05, source="policy/p", protect_shares=False)  # 4Gi of 80Gi: minFree alone
+GUARD = PressureRule(min_free_fraction=0.05, source="policy/p")  # and the room of pods within their shares
 
 
 def occ(name: str, used: float | None, share: float | None = 20, **kw: object) -> Occupant:
@@ -63,6 +64,18 @@ CASES = [
         "a",
         (),
     ),
+    ("room a neighbour needs", device(occ("a", 50, rule=GUARD), occ("b", 5, rule=GUARD), free=10), "Act", "a", ()),
+    ("room enough", device(occ("a", 50, rule=GUARD), occ("b", 5, rule=GUARD), free=15), "Clear", None, ()),
+    ("an unprotected neighbour's room", device(occ("a", 50, rule=GUARD), occ("b", 5), free=10), "Clear", None, ()),
+    (
+        "a leaving pod's room is not kept",
+        device(occ("a", 50, rule=GUARD), occ("b", 5, rule=GUARD, leaving=True), free=10),
+        "Clear",
+        None,
+        (),
+    ),
+    ("an exempt pod's room is not kept", device(occ("a", 50, rule=GUARD), occ("b", 5, rule=GUARD, mode="Exempt"),
+                                                free=10), "Clear", None, ()),
     (
         "bytes and fraction: the larger",
         device(occ("a", 50, rule=PressureRule(0.01, 5 * GI)), occ("b", 10), free=4.5),
@@ -88,12 +101,23 @@ def test_threshold_and_protected() -> None:
     assert [o.pod.name for o in v.candidates] == ["a", "c"]
 
 
+def test_the_room_sets_the_threshold_when_larger() -> None:
+    v = decide(device(occ("a", 50, rule=GUARD), occ("b", 5, rule=GUARD), occ("c", 18, rule=GUARD), free=10))
+    assert v.room_for is not None and v.room_for.pod.name == "b"
+    assert v.min_free == 15 * GI and v.rule == GUARD
+    small = decide(device(occ("a", 50, rule=GUARD), occ("b", 18, rule=GUARD), free=3))
+    assert small.room_for is None and small.min_free == int(USABLE * 0.05)
+
+
 def test_rule_text() -> None:
     assert FIVE.text() == "5%"
     assert PressureRule(0.025, 4 * GI).text() == "2.5% or 4Gi"
     assert PressureRule.combine([PressureRule(0.05), PressureRule(0.1), PressureRule(None, GI)]) == PressureRule(
         0.1, GI
     )
+    unprotected = PressureRule(0.05, protect_shares=False)
+    assert not PressureRule.combine([unprotected, unprotected]).protect_shares  # type: ignore[union-attr]
+    assert PressureRule.combine([unprotected, PressureRule(0.01)]).protect_shares  # type: ignore[union-attr]
     assert PressureRule.combine([]) is None
 
 
@@ -106,7 +130,7 @@ MODES = st.sampled_from(["Enforce", "Enforce", "DryRun", "Exempt"])
 def occupants(draw: st.DrawFn, i: int) -> Occupant:
     used = draw(st.one_of(st.none(), st.integers(0, 60)))
     share = draw(st.one_of(st.none(), st.integers(1, 40)))
-    rule = draw(st.sampled_from([None, FIVE, PressureRule(0.1), PressureRule(None, 8 * GI)]))
+    rule = draw(st.sampled_from([None, FIVE, GUARD, PressureRule(0.1), PressureRule(None, 8 * GI, protect_shares=False)]))
     return Occupant(
         PodRef("ns", f"p{i}", f"u{i}"),
         None if used is None else used * GI,
@@ -159,4 +183,4 @@ def test_acts_only_under_the_threshold(d: DeviceFacts) -> None:
     if v.kind == "Act":
         assert v.min_free is not None and d.free is not None and d.free < v.min_free
         ruled = [o.rule.min_free(USABLE) for o in d.occupants if o.rule is not None and o.mode != "Exempt"]
-        assert v.min_free == max(ruled)
+        assert v.min_free == max(max(ruled), max(o.room for o in d.occupants))

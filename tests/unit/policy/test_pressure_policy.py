@@ -35,6 +35,12 @@ def test_the_largest_percentage_and_quantity_win() -> None:
     assert rule.min_free(10 * GI) == 2 * GI
 
 
+def test_shares_are_protected_when_any_policy_asks() -> None:
+    off = policy("a", devicePressure={"protectShares": False})
+    assert not namespace_rule(merge([off], "ml", {})).protect_shares  # type: ignore[union-attr]
+    assert namespace_rule(merge([off, policy("b", devicePressure={})], "ml", {})).protect_shares  # type: ignore[union-attr]
+
+
 def test_a_policy_that_does_not_apply_sets_nothing() -> None:
     p = policy("gpu", devicePressure={}, namespaceSelector={"matchLabels": {"gpu": "yes"}})
     assert namespace_rule(merge([p], "ml", {})) is None

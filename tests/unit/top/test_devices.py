@@ -66,3 +66,18 @@ def test_a_terminating_pod_is_waited_for() -> None:
     snap = Snapshot(pods=[gone, PODS[1]], policies=[POLICY], reports=[squeezed(USABLE / GI - 1)], now=NOW)
     [d] = build_devices(snap)
     assert d.action == "waiting for finetune-0"
+
+
+def test_the_room_a_pod_within_its_share_needs() -> None:
+    from vramguard_operator.cli.top.rows import build_rows
+
+    chat_budget = budget("chat", {"perDevice": {"fraction": 0.25}})
+    snap = Snapshot(pods=PODS, budgets=[chat_budget], policies=[POLICY], reports=[squeezed(USABLE / GI - 5)],
+                    now=NOW)
+    rows, _ = build_rows(snap)
+    [d] = build_devices(snap, rows)
+    room = int(USABLE * 0.25) - 15 * GI  # chat's share less what it holds
+    assert (d.min_free_bytes, d.state, d.rule) == (room, "ok", "5% (policy/fleet); room for chat")
+    assert build_devices(snap)[0].min_free_bytes == int(USABLE * 0.05)  # without the rows: minFree alone
+    tight = Snapshot(**{**snap.__dict__, "reports": [squeezed(USABLE / GI - 4.5)]})
+    assert build_devices(tight, build_rows(tight)[0])[0].state == "pressure"

@@ -86,7 +86,7 @@ def show(api: Any, settings: TopSettings, namespace: str | None) -> str:
     """One refresh of the output as text."""
     snap = fetch(api, namespace, settings.freshness)
     rows, notes = build_rows(snap)
-    devices = build_devices(snap)
+    devices = build_devices(snap, rows)
     if settings.output == "json":
         body = {"rows": rows_json(rows), "devices": devices_json(devices), "notes": list(notes)}
         return json.dumps(body, indent=2, default=str)

@@ -10,12 +10,13 @@ from pydantic import ConfigDict, Field, model_validator
 from .bounds import DELAY, GROWTH_PER_HOUR, THROTTLE_CPU, CPUQuantity, Delay, GrowthQuantity, duration_guard
 from .limits import DeviceLimit, MemoryLimit, le_message, le_rule
 from .meta import APIModel, Condition, LabelSelector, ObjectMeta
+from .pressure import DevicePressure
 from .units import parse_duration, quantity_to_bytes
 
 Action = Literal["Annotate", "Throttle", "Evict"]
 ACTIONS: tuple[Action, ...] = ("Annotate", "Throttle", "Evict")
 Mode = Literal["Enforce", "DryRun"]
-ViolationKind = Literal["PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak"]
+ViolationKind = Literal["PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak", "DevicePressure"]
 
 DEFAULT_THROTTLE_CPU = "100m"
 DEFAULT_WARNING_THRESHOLD = 0.85
@@ -241,14 +242,27 @@ class GPUMemoryBudgetSpec(APIModel):
         default=None, alias="leakDetection", description="Leak detection settings; off unless enabled."
     )
     enforcement: Enforcement = Field(default_factory=Enforcement, description="Mode and escalation ladder.")
+    device_pressure: DevicePressure | None = Field(
+        default=None,
+        alias="devicePressure",
+        description="Overrides the GPUMemoryPolicy's devicePressure for the selected pods: the free memory they "
+        "want kept on their devices (a device keeps the largest minFree of its pods' rules) and the action taken "
+        "on them when they are the pod most above its share. The budget's mode applies (DryRun: would evict).",
+    )
 
 
 class Violation(APIModel):
     """An open violation and how far it has escalated."""
 
-    kind: ViolationKind = Field(description="Which limit: PodVRAM, PodRAM, DeviceVRAM, TotalVRAM, TotalRAM or Leak.")
+    kind: ViolationKind = Field(
+        description="Which limit: PodVRAM, PodRAM, DeviceVRAM, TotalVRAM, TotalRAM or Leak; DevicePressure: the pod "
+        "was the one most above its share on a device whose free memory fell under minFree (observedBytes: its "
+        "use there, limitBytes: its share)."
+    )
     pod: str | None = Field(default=None, description="Name of the pod; empty for a total over all selected pods.")
-    device: str | None = Field(default=None, description="UUID of the device, for a DeviceVRAM violation.")
+    device: str | None = Field(
+        default=None, description="UUID of the device, for a DeviceVRAM or DevicePressure violation."
+    )
     observed_bytes: int = Field(alias="observedBytes", ge=0, description="Measured usage in bytes.")
     limit_bytes: int = Field(alias="limitBytes", ge=0, description="The effective limit in bytes.")
     since: datetime = Field(description="When the usage first went above the limit.")

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field
 from .budget import Mode
 from .limits import DeviceLimit, MemoryLimit
 from .meta import APIModel, Condition, LabelSelector, ObjectMeta
+from .pressure import DevicePressure
 
 
 class PolicyDefaults(APIModel):
@@ -74,6 +75,14 @@ class GPUMemoryPolicySpec(APIModel):
         default=False,
         alias="injectFrameworkCaps",
         description="Opt in to the mutating webhook that injects framework memory caps into GPU pods.",
+    )
+    device_pressure: DevicePressure | None = Field(
+        default=None,
+        alias="devicePressure",
+        description="Device-pressure protection for the GPU pods of these namespaces: when a device's free memory "
+        "falls under minFree, the pod on it most above its share is evicted at once (never a pod within its "
+        "share; one pod per device at a time). Pods no budget selects take part through their implicit budgets "
+        "(their node's share when the policy has no defaults). Unset: off.",
     )
 
 

@@ -203,8 +203,9 @@ class Usage:
     ram: int | None = None
 
 
-def report_status(usages: Iterable[Usage], sample_time: datetime) -> dict[str, Any]:
-    """The NodeGPUUsage status an agent would write for these pods on one 80 GiB GPU."""
+def report_status(usages: Iterable[Usage], sample_time: datetime, free: int | None = None) -> dict[str, Any]:
+    """The NodeGPUUsage status an agent would write for these pods on one 80 GiB
+    GPU (with ``free`` bytes free when given: the device's used memory)."""
     pods = []
     for u in usages:
         entry: dict[str, Any] = {
@@ -227,7 +228,12 @@ def report_status(usages: Iterable[Usage], sample_time: datetime) -> dict[str, A
                 "uuid": "GPU-e2e-0",
                 "index": 0,
                 "modelName": "NVIDIA H100 80GB HBM3",
-                "memory": {"totalBytes": 80 * GI, "reservedBytes": 0, "usableBytes": 80 * GI},
+                "memory": {
+                    "totalBytes": 80 * GI,
+                    "reservedBytes": 0,
+                    "usableBytes": 80 * GI,
+                    **({} if free is None else {"usedBytes": 80 * GI - free}),
+                },
             }
         ],
         "pods": pods,
@@ -239,9 +245,10 @@ def publish(
     node: str,
     usages: Iterable[Usage],
     age_seconds: float = 0.0,
+    free: int | None = None,
 ) -> None:
     """Write ``node``'s NodeGPUUsage as the agent does: create it if missing, then
-    patch its status (sampled ``age_seconds`` ago)."""
+    patch its status (sampled ``age_seconds`` ago; ``free``: the device's free bytes)."""
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "NodeGPUUsage",
@@ -255,7 +262,7 @@ def publish(
             raise
     sample = datetime.now(UTC) - timedelta(seconds=age_seconds)
     custom.patch_cluster_custom_object_status(
-        GROUP, VERSION, "nodegpuusages", node, {"status": report_status(usages, sample)},
+        GROUP, VERSION, "nodegpuusages", node, {"status": report_status(usages, sample, free)},
         _content_type="application/merge-patch+json",
     )
 

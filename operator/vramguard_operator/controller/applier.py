@@ -10,7 +10,9 @@ always written before the action it describes. For one pod:
    JSON merge patch with ``metadata.uid`` as precondition); when it fails,
    nothing else is done for that pod;
 3. Throttle: ``pods/resize`` (``resize``);
-4. Evict: the Eviction API, rate-limited (``evictions``, ``ratelimit``);
+4. Evict: the Eviction API, rate-limited (``evictions``, ``ratelimit``); a
+   device-pressure eviction that cannot be done falls back to the next pod
+   above its share on the device, then to a ``DeviceWillRunOut`` Event;
 5. the Events of the other decisions (``events``).
 
 Then the budget-level Events, and each budget status that changed: a JSON
@@ -220,12 +222,13 @@ class Applier:
         throttled = self.resizer.throttle(w.pod, w.throttles) if w.throttles else None
         if throttled is not None:
             result.record_resize(w.pod, throttled)
-        exempt = w.pod.namespace in ctx.exempt_namespaces
-        for ev in w.evicts[:1]:
-            self.evictor.evict(ev, exempt, () if exempt else ctx.eviction_scopes(w.pod.namespace))
+        for ev in w.evicts[:1]:  # with a device-pressure eviction's fall-backs
+            self.evictor.evict_first(ev, lambda ns: ns in ctx.exempt_namespaces, ctx.eviction_scopes)
         for other in w.others:
             self.events.explain(other, other.event)
             self.events.count(other, "dry_run" if isinstance(other, DryRunStep) else "success")
+            if isinstance(other, DryRunStep) and other.violation.kind == "DevicePressure":
+                self.metrics.pressure_event("dry_run", w.pod.namespace)
 
     def _patch(self, w: PodWork, result: ApplyResult) -> bool:
         assert w.patch is not None

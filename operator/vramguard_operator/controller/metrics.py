@@ -25,6 +25,17 @@
   decisions.
 - ``vramguard_node_report_age_seconds{node}`` (gauge): age of each node's latest
   report (evaluation time minus ``status.sampleTime``) at the last evaluation.
+- ``vramguard_device_pressure_events_total{outcome,namespace}`` (counter):
+  device-pressure actions (docs/device-pressure.md). ``outcome``: ``evicted``,
+  ``gone`` (the pod went meanwhile), ``dry_run`` (would evict: Event only),
+  ``exhausted`` (no pod above its share could be evicted: the device will run
+  out); ``namespace`` the pod's.
+- ``vramguard_device_free_bytes{node,device}``, ``vramguard_device_min_free_bytes{node,device}``
+  (gauges): free memory (usable minus used) of each device a device-pressure
+  rule applies to, and the free memory the rule keeps there, at the last
+  evaluation; ``vramguard_device_pressure_state{node,device,state}`` (gauge, 1):
+  what the rule found (``Clear``, ``Act``, ``Waiting``, ``NoCandidate``,
+  ``Unknown``).
 - ``vramguard_evaluation_errors_total{stage}`` (counter): evaluations of a group
   of namespaces that raised (``stage``: ``evaluate``, the engine; ``apply``, the
   actions); the other groups go on, and the traceback is in the log.
@@ -40,6 +51,7 @@ from datetime import datetime
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
+from vramguard_operator.engine.types import DevicePressureReport
 
 log = logging.getLogger("vramguard.operator")
 
@@ -95,6 +107,8 @@ class Metrics:
             ["stage"],
             registry=self.registry,
         )
+        self._init_pressure()
+        self._device_series: dict[tuple[str, str], str] = {}
         self._violation_series: dict[tuple[str, str], set[str]] = {}
         self._ratio_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._leak_series: dict[tuple[str, str], set[str]] = {}
@@ -103,6 +117,59 @@ class Metrics:
     def action(self, action: str, result: str, namespace: str) -> None:
         """Count one action (see the module docstring for the label values)."""
         self.actions.labels(action=action, result=result, namespace=namespace).inc()
+
+    def _init_pressure(self) -> None:
+        """The device-pressure series (see the module docstring)."""
+        self.pressure_events = Counter(
+            "vramguard_device_pressure_events",
+            "Device-pressure actions, by outcome (evicted, gone, dry_run, exhausted).",
+            ["outcome", "namespace"],
+            registry=self.registry,
+        )
+        self.device_free = Gauge(
+            "vramguard_device_free_bytes",
+            "Free memory (usable minus used) of each device a device-pressure rule applies to, bytes.",
+            ["node", "device"],
+            registry=self.registry,
+        )
+        self.device_min_free = Gauge(
+            "vramguard_device_min_free_bytes",
+            "Free memory the device-pressure rule keeps on each device, bytes.",
+            ["node", "device"],
+            registry=self.registry,
+        )
+        self.device_state = Gauge(
+            "vramguard_device_pressure_state",
+            "1 for what the device-pressure rule found on each device (Clear, Act, Waiting, NoCandidate, Unknown).",
+            ["node", "device", "state"],
+            registry=self.registry,
+        )
+
+    def pressure_event(self, outcome: str, namespace: str) -> None:
+        """Count one device-pressure action (see the module docstring)."""
+        self.pressure_events.labels(outcome=outcome, namespace=namespace).inc()
+
+    def set_devices(self, devices: Iterable[DevicePressureReport]) -> None:
+        """Set the device gauges from one evaluation's device reports; series of
+        devices no longer reported are removed."""
+        seen: dict[tuple[str, str], str] = {}
+        for d in devices:
+            key = (d.node, d.device)
+            seen[key] = d.state
+            for gauge, value in ((self.device_free, d.free_bytes), (self.device_min_free, d.min_free_bytes)):
+                if value is None:
+                    _remove(gauge, key)
+                else:
+                    gauge.labels(node=d.node, device=d.device).set(value)
+        for key, state in self._device_series.items():
+            if seen.get(key) != state:
+                _remove(self.device_state, (*key, state))
+            if key not in seen:
+                _remove(self.device_free, key)
+                _remove(self.device_min_free, key)
+        for (node, device), state in seen.items():
+            self.device_state.labels(node=node, device=device, state=state).set(1)
+        self._device_series = seen
 
     def evaluation_error(self, stage: str) -> None:
         """Count one group evaluation that raised at ``stage`` (evaluate or apply)."""
@@ -171,6 +238,13 @@ class Metrics:
         for node, age in ages.items():
             self.report_age.labels(node=node).set(age)
         self._report_nodes = set(ages)
+
+
+def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:  # never set
+        pass
 
 
 _process_metrics: Metrics | None = None

@@ -41,6 +41,7 @@ from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     BudgetRef,
     BudgetStatusUpdate,
+    DevicePressureReport,
     EngineOutput,
     EventSpec,
 )
@@ -75,6 +76,7 @@ class Reconciler:
         self.last_evaluation: float | None = None  # monotonic
         self.evaluations = 0
         self._policy_problems: dict[str, str] = {}  # last logged, to log changes only
+        self._devices: list[DevicePressureReport] = []  # of the evaluation under way, for metrics
 
     # -- called by handlers (on the event loop)
 
@@ -124,8 +126,10 @@ class Reconciler:
         work = plan(snap, now, self.config.engine(), self.policy_memory, self.config.dra)
         limiter = self.applier.limiter
         limiter.configure({n: p.spec.eviction_rate_limit for n, p in snap.valid_policies().items()})
+        self._devices = []
         for group in work.groups:
             self._evaluate_group(group, work)
+        self.metrics.set_devices(self._devices)
         self._write_invalid(work, now)
         limiter.forget(live)
         self.policy_memory.forget(live)
@@ -175,6 +179,7 @@ class Reconciler:
             current_status=group.current_status,
         )
         result = self.applier.apply(out, ctx)
+        self._devices.extend(out.devices)
         for body in result.pods.values():
             self.overlay.record_pod(body)
         pods = {p.uid: p for p in group.input.pods}

@@ -22,7 +22,7 @@ from vramguard_operator.engine.measure import BudgetLimits, Node, budget_measure
 from vramguard_operator.engine.records import ViolationRecord, merge_records, records_from_status, throttled
 from vramguard_operator.engine.selectors import compile_selector
 from vramguard_operator.engine.status import StatusFacts, budget_status, invalid_status, violation_entry
-from vramguard_operator.engine.work import BudgetResult, BudgetWork, PassState
+from vramguard_operator.engine.work import BudgetResult, BudgetWork, PassState, Selection
 
 _DONE_PHASES = ("Succeeded", "Failed")
 
@@ -68,7 +68,8 @@ def evaluate_budget(
     kept, new = warn.settle(candidates, state.config.max_status_entries, w.now)
     for m in new:
         steps.warn(w, m, limits.threshold)
-    return w.result(_status(w, budget, len(matched), enforce, kept, len(candidates)), len(matched))
+    status = _status(w, budget, len(matched), enforce, kept, len(candidates))
+    return w.result(status, len(matched), Selection(ref, budget, limits, matched))
 
 
 def _load_records(w: BudgetWork, budget: GPUMemoryBudget, ns_pods: list[PodFacts]) -> None:
@@ -77,6 +78,8 @@ def _load_records(w: BudgetWork, budget: GPUMemoryBudget, ns_pods: list[PodFacts
     status_records = records_from_status(budget)
     by_name = {p.name: p for p in ns_pods} if status_records else {}
     for rec in status_records:
+        if rec.key.kind == "DevicePressure":
+            continue  # the device-pressure rule's, read by engine.pressure_facts
         if rec.dry_run and w.acting:
             # a step that only would have fired: enforcing, the ladder fires it for real
             rec = replace(rec, step=None, step_time=None, dry_run=False)

@@ -10,7 +10,10 @@ This module is the driver: it reads the pods' records, closes those whose
 budget is gone, evaluates the budgets one by one (``budget.evaluate_budget``,
 in namespace/name order), handing each the state merged from the results
 before it (``work.PassState``), then restores the CPU of pods no violation
-holds and writes the pod patches.
+holds and writes the pod patches. The device-pressure rule
+(``pressure_out.evaluate_pressure``) runs after the budgets, on the facts
+they leave (which budgets select which pods, their limits, the pods they
+evict), and adds its decisions and status entries.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from vramguard_api.budget import GPUMemoryBudget
 from vramguard_operator.engine import messages
 from vramguard_operator.engine.budget import evaluate_budget
 from vramguard_operator.engine.inputs import EngineInput, PodFacts
@@ -40,6 +44,7 @@ from vramguard_operator.engine.outputs import (
     PodPatch,
     Recover,
 )
+from vramguard_operator.engine.pressure_out import PressureResult, evaluate_pressure, with_entries
 from vramguard_operator.engine.records import (
     ViolationRecord,
     records_from_annotation,
@@ -48,7 +53,7 @@ from vramguard_operator.engine.records import (
     whole_seconds,
 )
 from vramguard_operator.engine.throttle import Original, original_to_annotation, restore_unthrottled
-from vramguard_operator.engine.work import BudgetResult, PassState
+from vramguard_operator.engine.work import BudgetResult, PassState, Selection
 
 
 def evaluate(inp: EngineInput) -> EngineOutput:
@@ -75,6 +80,8 @@ def evaluate(inp: EngineInput) -> EngineOutput:
         named = inp.device_limits.get(budget.metadata.uid or "", {})
         ns_pods = pods_by_ns.get(ns, [])
         run.merge(evaluate_budget(budget, ns_pods, nodes, acting and not exempt, acting, run.state(), named))
+    pressure = evaluate_pressure(inp, nodes, run.selections, run.evicting, now)
+    run.add_pressure(pressure, {(b.metadata.namespace or "", b.metadata.name or ""): b for b in budgets})
     run.restore()
     return EngineOutput(
         decisions=tuple(run.decisions),
@@ -82,6 +89,7 @@ def evaluate(inp: EngineInput) -> EngineOutput:
         statuses=tuple(run.statuses),
         evaluated_pairs=run.pairs,
         problems=tuple(run.problems),
+        devices=tuple(pressure.devices),
     )
 
 
@@ -104,6 +112,7 @@ class _Pass:
     decisions: list[Decision] = field(default_factory=list)
     statuses: list[BudgetStatusUpdate] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    selections: list[Selection] = field(default_factory=list)
     pairs: int = 0
 
     def state(self) -> PassState:
@@ -176,6 +185,22 @@ class _Pass:
             self.ladders[(result.ref.namespace, result.ref.name)] = result.ladder
         self.statuses.append(BudgetStatusUpdate(result.ref, result.status))
         self.pairs += result.pairs
+        if result.selection is not None:
+            self.selections.append(result.selection)
+
+    def add_pressure(self, result: PressureResult, budgets: Mapping[tuple[str, str], GPUMemoryBudget]) -> None:
+        """Add the device-pressure rule's decisions (after the budgets') and its
+        entries to the statuses of the budgets they concern."""
+        self.decisions.extend(result.decisions)
+        if not result.entries:
+            return
+        b = self.base
+        for i, upd in enumerate(self.statuses):
+            entries = result.entries.get((upd.budget.namespace, upd.budget.name))
+            if entries:
+                budget = budgets[(upd.budget.namespace, upd.budget.name)]
+                status = with_entries(upd.status, entries, budget, b.now, b.config.max_status_entries)
+                self.statuses[i] = BudgetStatusUpdate(upd.budget, status)
 
     def restore(self) -> None:
         """Put back the CPU of pods that no violation holds (``throttle.restore_unthrottled``)."""

@@ -13,6 +13,7 @@ from vramguard_api.budget import DEFAULT_THROTTLE_CPU, GPUMemoryBudget, Mode
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.engine.keys import PodRef
+from vramguard_operator.engine.pressure import PressureRule
 
 DEFAULT_FRESHNESS_SECONDS = 60.0
 DEFAULT_RECOVERY_MARGIN = 0.02
@@ -157,7 +158,14 @@ class EngineInput:
     budget uid, bytes per device UUID that replace the budget's ``perDevice``
     limit on those devices (what a DRA claim or a sharer granted on a named
     device: ``policy.implicit``); a budget without ``perDevice`` is limited on
-    those devices only.
+    those devices only. ``pressure_rules``: by namespace, the device-pressure
+    rule of its GPUMemoryPolicies (absent: none; a budget's ``devicePressure``
+    overrides it for its pods). ``device_shares``: by device UUID, the node's
+    share of that device (bytes: ``policy.shares.node_share``), the share of a
+    pod that no budget limits on the device. The pressure rule compares the
+    pods on a device, so it needs them all in one evaluation: callers that
+    evaluate subsets pass every pod sharing a device with one evaluated
+    (docs/device-pressure.md).
     """
 
     budgets: tuple[GPUMemoryBudget, ...]
@@ -167,3 +175,5 @@ class EngineInput:
     policy: EffectivePolicy = EffectivePolicy()
     config: EngineConfig = EngineConfig()
     device_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    pressure_rules: Mapping[str, PressureRule] = field(default_factory=dict)
+    device_shares: Mapping[str, int] = field(default_factory=dict)

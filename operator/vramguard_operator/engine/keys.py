@@ -31,6 +31,10 @@ EVENT_THROTTLE_IMPOSSIBLE = "ThrottleImpossible"
 EVENT_EVICTING = "Evicting"
 EVENT_RECOVERED = "Recovered"
 EVENT_DRY_RUN = "DryRun"
+EVENT_DEVICE_PRESSURE = "DevicePressure"
+"""A device-pressure eviction (docs/device-pressure.md)."""
+EVENT_DEVICE_WILL_RUN_OUT = "DeviceWillRunOut"
+"""Device pressure with no pod above its share that could be evicted."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -19,6 +19,7 @@ from vramguard_api.units import format_bytes, format_seconds
 from vramguard_operator.engine.keys import ANNOTATION_ORIGINAL_CPU, BudgetRef, ViolationKey
 from vramguard_operator.engine.ladder import Ladder
 from vramguard_operator.engine.measure import Measure
+from vramguard_operator.engine.pressure import Occupant, Verdict
 from vramguard_operator.engine.records import ViolationRecord, format_time
 
 _VERB = {"Annotate": "annotate", "Throttle": "throttle", "Evict": "evict"}
@@ -183,3 +184,70 @@ def restore_problem(namespace: str, pod: str, left: list[str]) -> str:
         f"{', '.join(left) or 'no valid entry'}: not restored (no violation throttled "
         "the container to its current CPU limit); annotation removed"
     )
+
+
+# --- device pressure (engine.pressure_out) ------------------------------------------
+
+
+def pressure_head(v: Verdict) -> str:
+    """``device GPU-1 on node-a has 3.1Gi free (under 5%: 3.9Gi)``, or, when
+    the room a pod within its share needs set the threshold, ``... has 3.1Gi
+    free, less than the 9.8Gi pod chat needs to reach its share of 19.8Gi``."""
+    d, rule, o = v.device, v.rule, v.room_for
+    head = f"device {d.uuid} on {d.node} has {format_bytes(d.free)} free"
+    if o is not None:
+        return f"{head}, less than the {format_bytes(o.room)} pod {o.pod.name} needs to reach its share of {format_bytes(o.share)}"
+    return head if rule is None else f"{head} (under {rule.text()}: {format_bytes(v.min_free)})"
+
+
+def _protects(v: Verdict) -> str:
+    n = len(v.protected)
+    if n == 0:
+        return "to keep memory free for pods within their shares"
+    return f"to protect {n} pod{'s' if n > 1 else ''} within {'their shares' if n > 1 else 'its share'}"
+
+
+def _budget_head(o: Occupant) -> str:
+    return f"budget {o.home.namespace}/{o.home.name}: " if o.home is not None and o.home.name else ""
+
+
+def pressure_evict_text(v: Verdict, o: Occupant, dry_run: bool) -> str:
+    """The Event of a device-pressure eviction of ``o`` (or of the one that
+    would be, in DryRun): the budget, the device's free memory and threshold,
+    what the pod holds above its share, whom it protects and what comes next."""
+    what = (
+        f"pod {o.pod.name}, {format_bytes(o.above)} above its share of {format_bytes(o.share)} "
+        f"({format_bytes(o.used)} on the device), {_protects(v)}"
+    )
+    if dry_run:
+        return f"dry run: would evict. {_budget_head(o)}{pressure_head(v)}; would evict {what}. Nothing done."
+    return (
+        f"{_budget_head(o)}{pressure_head(v)}; evicting {what}. Next: no other pod on this device until it is "
+        f"gone; then another only if free memory is still under {format_bytes(v.min_free)}."
+    )
+
+
+def pressure_exhausted_text(v: Verdict) -> str:
+    """No pod above its share could be evicted (the actions layer adds why)."""
+    n = len(v.protected)
+    who = f"its {n} pod{'s' if n > 1 else ''} within {'their shares' if n > 1 else 'its share'}" if n else "its pods"
+    return (
+        f"{pressure_head(v)}; no pod above its share could be evicted: the device will run out of memory, "
+        f"and {who} may be killed by out-of-memory errors."
+    )
+
+
+def pressure_entry_message(v: Verdict | None, o: Occupant, state: str) -> str:
+    """The message of a DevicePressure entry in a budget's status."""
+    if state == "Evict" and v is not None:
+        return (
+            f"evicting: {pressure_head(v)}; {format_bytes(o.above)} above its share of {format_bytes(o.share)}"
+        )[:1024]
+    if state == "DryRun" and v is not None:
+        return (
+            f"would evict (dry run): {pressure_head(v)}; {format_bytes(o.above)} above its share of "
+            f"{format_bytes(o.share)}"
+        )[:1024]
+    if state == "Leaving":
+        return "evicted for device pressure: waiting for its memory to be freed"
+    return "no fresh, complete data on the device: kept as it was"

@@ -12,6 +12,7 @@ from typing import Literal
 
 from vramguard_api.budget import Action, GPUMemoryBudgetStatus
 from vramguard_operator.engine.keys import BudgetRef, PodRef, ViolationKey
+from vramguard_operator.engine.pressure import VerdictKind
 
 DecisionAction = Literal["Warn", "Annotate", "Throttle", "Evict", "Recover"]
 EventType = Literal["Normal", "Warning"]
@@ -109,9 +110,18 @@ class Throttle(DecisionBase):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Evict(DecisionBase):
-    """Evict ``pod`` through the Eviction API (level-triggered: see module doc)."""
+    """Evict ``pod`` through the Eviction API (level-triggered: see module doc).
+
+    A device-pressure eviction (violation kind ``DevicePressure``) may carry
+    ``alternatives``: the next pods above their shares on the same device, in
+    rank order, each evicted only when every one before it could not be (a
+    PodDisruptionBudget, the rate limit, a back-off); and ``exhausted``, the
+    Event to post on the pod (and its budget) when none could be: the device
+    will run out (docs/device-pressure.md)."""
 
     reason: str
+    alternatives: tuple[Evict, ...] = ()
+    exhausted: EventSpec | None = None
 
     @property
     def action(self) -> DecisionAction:
@@ -167,6 +177,24 @@ class BudgetStatusUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class DevicePressureReport:
+    """A device under a device-pressure rule as the last evaluation saw it (for
+    metrics and ``vramguard top``): its ``state`` (``pressure.Verdict.kind``),
+    free, usable and minimum free memory (bytes; None when unknown), the pod
+    chosen (``Act``), the pods within their shares and, for ``Unknown``, why."""
+
+    node: str
+    device: str
+    state: VerdictKind
+    free_bytes: int | None
+    usable_bytes: int | None
+    min_free_bytes: int | None
+    chosen: PodRef | None = None
+    protected: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class EngineOutput:
     """What one evaluation decided. ``decisions`` are in a stable order (budget,
     violation key, step order); ``pod_patches`` and ``statuses`` hold one entry
@@ -180,3 +208,5 @@ class EngineOutput:
     problems: tuple[str, ...] = ()
     """Malformed state found on objects (e.g. an unparsable annotation entry, which
     is skipped); for the operator's log. Each names the object, field and value."""
+    devices: tuple[DevicePressureReport, ...] = ()
+    """The devices a device-pressure rule applies to, in node and device order."""

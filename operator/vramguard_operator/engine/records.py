@@ -30,7 +30,7 @@ from vramguard_api.budget import ACTIONS, Action, GPUMemoryBudget, ViolationKind
 from vramguard_operator.engine.keys import ViolationKey
 
 TOTAL_KINDS = frozenset({"TotalVRAM", "TotalRAM"})
-_KINDS = frozenset(get_args(ViolationKind))
+_KINDS = frozenset(get_args(ViolationKind)) - {"DevicePressure"}  # kept in budget status only
 # Record times outside this range are refused: the engine adds ladder delays to
 # them, and datetime arithmetic near year 1 or 9999 overflows.
 _MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)

@@ -14,7 +14,9 @@ the operator must do afterwards is in ``EngineOutput``:
   the API server and writes only when they differ (the controller writes the
   JSON merge patch from one to the other when it is not empty;
   ``budget_status.status_changed`` is the same test);
-- ``problems``: malformed state found on objects, for the log.
+- ``problems``: malformed state found on objects, for the log;
+- ``devices``: the devices a device-pressure rule applies to, as the rule saw
+  them (``DevicePressureReport``), for metrics and ``vramguard top``.
 
 Decisions of a DryRun budget (or of an exempt namespace) are ``DryRunStep``
 objects, never ``Annotate``/``Throttle``/``Evict`` (``SIDE_EFFECT_DECISIONS``).
@@ -72,6 +74,8 @@ from vramguard_operator.engine.keys import (
     ANNOTATION_PREFIX,
     ANNOTATION_VIOLATIONS,
     EVENT_ABOVE_WARNING,
+    EVENT_DEVICE_PRESSURE,
+    EVENT_DEVICE_WILL_RUN_OUT,
     EVENT_DRY_RUN,
     EVENT_EVICTING,
     EVENT_LEAK_DETECTED,
@@ -91,6 +95,7 @@ from vramguard_operator.engine.outputs import (
     Decision,
     DecisionAction,
     DecisionBase,
+    DevicePressureReport,
     DryRunStep,
     EngineOutput,
     EventSpec,
@@ -101,6 +106,7 @@ from vramguard_operator.engine.outputs import (
     Throttle,
     Warn,
 )
+from vramguard_operator.engine.pressure import PressureRule
 from vramguard_operator.engine.records import ViolationRecord
 
 __all__ = [
@@ -111,6 +117,8 @@ __all__ = [
     "DEFAULT_FRESHNESS_SECONDS",
     "DEFAULT_RECOVERY_MARGIN",
     "EVENT_ABOVE_WARNING",
+    "EVENT_DEVICE_PRESSURE",
+    "EVENT_DEVICE_WILL_RUN_OUT",
     "EVENT_DRY_RUN",
     "EVENT_EVICTING",
     "EVENT_LEAK_DETECTED",
@@ -128,6 +136,7 @@ __all__ = [
     "Decision",
     "DecisionAction",
     "DecisionBase",
+    "DevicePressureReport",
     "DryRunStep",
     "EffectivePolicy",
     "EngineConfig",
@@ -139,6 +148,7 @@ __all__ = [
     "PodFacts",
     "PodPatch",
     "PodRef",
+    "PressureRule",
     "Recover",
     "Throttle",
     "ViolationKey",

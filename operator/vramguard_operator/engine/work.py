@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from vramguard_api.budget import Action, GPUMemoryBudgetStatus
+from vramguard_api.budget import Action, GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_operator.engine.inputs import EngineConfig, PodFacts
 from vramguard_operator.engine.keys import BudgetRef, ViolationKey
 from vramguard_operator.engine.ladder import Ladder
-from vramguard_operator.engine.measure import Measure, Node, PodData, pod_data
+from vramguard_operator.engine.measure import BudgetLimits, Measure, Node, PodData, pod_data
 from vramguard_operator.engine.outputs import Decision, DecisionBase, EventSpec
 from vramguard_operator.engine.records import ViolationRecord, merge_records
 from vramguard_operator.engine.throttle import Original
@@ -55,6 +55,18 @@ class PassState:
 
 
 @dataclass(frozen=True, slots=True)
+class Selection:
+    """A valid budget as the device-pressure rule reads it after the budgets:
+    the budget, its limits in numbers and the unfinished pods it selects
+    (``matched``, the list its evaluation built)."""
+
+    ref: BudgetRef
+    budget: GPUMemoryBudget
+    limits: BudgetLimits
+    matched: list[PodFacts]
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetResult:
     """What one budget's evaluation decided.
 
@@ -63,7 +75,9 @@ class BudgetResult:
     rewritten; ``throttle_targets``: per pod, the CPU limits of this budget's
     violations that throttled it (what a restore may undo); ``ladder``: the
     budget's ladder (None for an invalid spec), for the pod message;
-    ``pairs``: the pods it selects. The other fields add to ``PassState``'s."""
+    ``pairs``: the pods it selects; ``selection``: what the device-pressure
+    rule reads of it (None for an invalid spec). The other fields add to
+    ``PassState``'s."""
 
     ref: BudgetRef
     status: GPUMemoryBudgetStatus
@@ -77,6 +91,7 @@ class BudgetResult:
     throttle_targets: Mapping[str, frozenset[str]] = field(default_factory=dict)
     ladder: Ladder | None = None
     pairs: int = 0
+    selection: Selection | None = None
 
 
 class Fire(NamedTuple):
@@ -231,7 +246,7 @@ class BudgetWork:
             )  # type: ignore[arg-type]
         )
 
-    def result(self, status: GPUMemoryBudgetStatus, pairs: int) -> BudgetResult:
+    def result(self, status: GPUMemoryBudgetStatus, pairs: int, selection: Selection | None = None) -> BudgetResult:
         """What this budget decided."""
         return BudgetResult(
             ref=self.ref,
@@ -246,4 +261,5 @@ class BudgetWork:
             throttle_targets={uid: frozenset(t) for uid, t in self._throttle_targets.items()},
             ladder=self.ladder,
             pairs=pairs,
+            selection=selection,
         )

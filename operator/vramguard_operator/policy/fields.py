@@ -1,7 +1,8 @@
 """How each ``GPUMemoryPolicy`` field is read and how the applying policies'
 values combine (``merge.merge``): a reader per field returns one policy's value
 (None when unset) and a combiner picks the winner (``_smallest`` for limits,
-``_first`` for opt-ins). ``FIELD_PATHS`` names each field as status and docs do.
+``_largest`` for device-pressure thresholds, ``_first`` for opt-ins).
+``FIELD_PATHS`` names each field as status and docs do.
 """
 
 from __future__ import annotations
@@ -53,7 +54,31 @@ def _default_device_fraction(p: GPUMemoryPolicy) -> float | None:
 def _share_from_node(p: GPUMemoryPolicy) -> bool | None:
     # A policy's own explicit perDevice default replaces its node share (API field doc).
     d = p.spec.defaults
-    return True if d is not None and d.share_from_node and d.per_device is None else None
+    if d is None:
+        # devicePressure measures every pod against its share: without defaults, a
+        # pressure rule gives pods no budget selects the node's (docs/device-pressure.md)
+        return True if p.spec.device_pressure is not None else None
+    return True if d.share_from_node and d.per_device is None else None
+
+
+def _pressure_fraction(p: GPUMemoryPolicy) -> float | None:
+    dp = p.spec.device_pressure
+    return None if dp is None else dp.min_free_fraction()
+
+
+def _pressure_bytes(p: GPUMemoryPolicy) -> int | None:
+    dp = p.spec.device_pressure
+    return None if dp is None else dp.min_free_bytes()
+
+
+def _pressure_protect(p: GPUMemoryPolicy) -> bool | None:
+    dp = p.spec.device_pressure
+    return None if dp is None else dp.protect_shares
+
+
+def _pressure_action(p: GPUMemoryPolicy) -> str | None:
+    dp = p.spec.device_pressure
+    return None if dp is None else dp.action
 
 
 def _ceiling(level: str, kind: str) -> Callable[[GPUMemoryPolicy], int | None]:
@@ -88,6 +113,17 @@ def _smallest(
     return best
 
 
+def _largest(
+    applying: Sequence[GPUMemoryPolicy], read: Callable[[GPUMemoryPolicy], T | None]
+) -> Sourced[T] | None:
+    best: Sourced[T] | None = None
+    for p in applying:  # sorted by name: the first of equal values wins
+        value = read(p)
+        if value is not None and (best is None or value > best.value):  # type: ignore[operator]
+            best = Sourced(value, p.metadata.name or "")
+    return best
+
+
 def _first(
     applying: Sequence[GPUMemoryPolicy], read: Callable[[GPUMemoryPolicy], T | None]
 ) -> Sourced[T] | None:
@@ -116,6 +152,11 @@ FIELDS: dict[str, tuple[Reader, Combiner]] = {
     "eviction_per_minute": (lambda p: p.spec.eviction_rate_limit.per_minute, _smallest),
     "eviction_burst": (lambda p: p.spec.eviction_rate_limit.burst, _smallest),
     "inject_framework_caps": (lambda p: p.spec.inject_framework_caps or None, _first),
+    # the most protective threshold wins: the largest of each kind (docs/device-pressure.md)
+    "pressure_min_free_fraction": (_pressure_fraction, _largest),
+    "pressure_min_free_bytes": (_pressure_bytes, _largest),
+    "pressure_protect_shares": (_pressure_protect, _largest),  # True beats False
+    "pressure_action": (_pressure_action, _first),
 }
 """MergedPolicy field -> (reader of one policy's value or None, combiner)."""
 
@@ -135,5 +176,9 @@ FIELD_PATHS = {
     "eviction_per_minute": "evictionRateLimit.perMinute",
     "eviction_burst": "evictionRateLimit.burst",
     "inject_framework_caps": "injectFrameworkCaps",
+    "pressure_min_free_fraction": "devicePressure.minFree",
+    "pressure_min_free_bytes": "devicePressure.minFree",
+    "pressure_protect_shares": "devicePressure.protectShares",
+    "pressure_action": "devicePressure.action",
 }
 """MergedPolicy field -> the spec path it comes from, as status and docs name it."""

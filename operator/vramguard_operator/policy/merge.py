@@ -25,6 +25,12 @@ Precedence (docs/policy.md, "Precedence"):
   that keeps a namespace from enforcement (fail safe). Its limits are not used.
 - ``evictionRateLimit``: the smallest ``perMinute`` and the smallest ``burst``.
 - ``injectFrameworkCaps``: on when any applying policy opts in.
+- ``devicePressure``: the largest ``minFree`` percentage and the largest
+  ``minFree`` quantity of the applying policies both hold (a device keeps the
+  larger of the two: the most protective threshold wins); ``protectShares``
+  when any of them asks for it; ``action`` is the first policy's. A policy with ``devicePressure`` and no ``defaults`` counts
+  as asking for the node's share (``shareFromNode``): the rule measures pods
+  against their shares.
 - Ties go to the policy whose name sorts first, so the winner is stable.
 
 Each merged field carries the name of the policy it came from (``Sourced``), so
@@ -80,6 +86,10 @@ class MergedPolicy:
     eviction_per_minute: Sourced[int] | None = None
     eviction_burst: Sourced[int] | None = None
     inject_framework_caps: Sourced[bool] | None = None
+    pressure_min_free_fraction: Sourced[float] | None = None
+    pressure_min_free_bytes: Sourced[int] | None = None
+    pressure_protect_shares: Sourced[bool] | None = None
+    pressure_action: Sourced[str] | None = None
     invalid: tuple[str, ...] = ()
 
     @property

@@ -45,6 +45,7 @@ from vramguard_operator.engine.types import (
     EngineInput,
     PodFacts,
     PodRef,
+    PressureRule,
 )
 from vramguard_operator.policy.ceilings import SOURCE_BUDGET, effective_budget
 from vramguard_operator.policy.claim_budgets import ClaimBudget, claim_budgets
@@ -61,6 +62,7 @@ from vramguard_operator.policy.implicit import (
 )
 from vramguard_operator.policy.merge import MergedPolicy, merge
 from vramguard_operator.policy.node import NodeFacts
+from vramguard_operator.policy.pressure import device_shares, namespace_rules
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 from vramguard_operator.policy.sharers import kai_group_devices, sharer_grants
 
@@ -86,7 +88,10 @@ class PolicyView:
     real budgets. ``problems``: budgets the ceilings could not be applied to
     (evaluated as they are), one line each. ``gpu_pods``: the GPU pods given.
     ``claims``: the shared claims' budgets (also in ``budgets``). ``pod_problems``:
-    by PodRef, what could not be read of the pod's grants."""
+    by PodRef, what could not be read of the pod's grants. ``pressure_rules``,
+    ``device_shares``: the device-pressure rule of each namespace of the pods
+    and the node's share of each device (``EngineInput``'s fields of the same
+    names)."""
 
     budgets: tuple[GPUMemoryBudget, ...]
     pods: tuple[PodFacts, ...]
@@ -96,6 +101,8 @@ class PolicyView:
     gpu_pods: tuple[Mapping[str, Any], ...] = ()
     claims: tuple[ClaimBudget, ...] = ()
     pod_problems: Mapping[PodRef, tuple[PodProblem, ...]] = field(default_factory=dict)
+    pressure_rules: Mapping[str, PressureRule] = field(default_factory=dict)
+    device_shares: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def device_limits(self) -> dict[str, dict[str, int]]:
@@ -178,6 +185,8 @@ def prepare(
         gpu_pods=tuple(gpu_pods),
         claims=tuple(claims),
         pod_problems=_pod_problems(gpu_pods, grants),
+        pressure_rules=namespace_rules(merged, {p.namespace for p in pods}),
+        device_shares=device_shares(nodes),
     )
 
 
@@ -406,6 +415,8 @@ def engine_groups(
             policy=policy,
             config=config,
             device_limits=view.device_limits,
+            pressure_rules=view.pressure_rules,
+            device_shares=view.device_shares,
         )
         groups.append(EngineGroup(policy, tuple(group), inp, view))
     return groups

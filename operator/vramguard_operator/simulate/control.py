@@ -23,7 +23,7 @@ nothing is done in an exempt namespace. Budget statuses are kept in memory
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
@@ -88,6 +88,7 @@ class ControlCounts:
     evictions_blocked: int = 0  # a PodDisruptionBudget refused
     evictions_rate_limited: int = 0
     evictions_backoff: int = 0
+    pressure_evictions: int = 0  # evictions for device pressure (in ``evictions`` too)
     within_limits: list[str] = field(default_factory=list)  # actions on pods within the limit they name
     evaluations: int = 0
     pods_evaluated: int = 0
@@ -111,6 +112,10 @@ class Vramguard:
         self.memory = PolicyMemory()
         self.budgets = {_key(b): b for b in policy.budgets}
         self.status: dict[BudgetKey, GPUMemoryBudgetStatus | None] = dict.fromkeys(self.budgets)
+        if not config.couple_devices and _compares_devices(policy):
+            # the device-pressure rule compares the pods of a device: evaluate them together
+            config = replace(config, couple_devices=True)
+            self.config = config
         self.triggers = Triggers(self.budgets, config, fleet.tick_s)
         self.counts = ControlCounts()
         self._forget_at = 0.0
@@ -217,7 +222,7 @@ class Vramguard:
         if pod is None:
             return None
         kind = d.violation.kind
-        if kind in ("PodVRAM", "DeviceVRAM"):
+        if kind in ("PodVRAM", "DeviceVRAM", "DevicePressure"):  # one device per pod: its VRAM is its use there
             return pod.held()
         if kind == "PodRAM":
             return pod.spec.ram_bytes
@@ -231,27 +236,44 @@ class Vramguard:
         return sum(p.spec.ram_bytes for p in members)
 
     def _evict(self, t: float, d: Evict) -> None:
+        """Evict ``d.pod``, else (device pressure) its alternatives in rank order,
+        as ``controller.evictions.Evictor.evict_first`` does."""
+        for i, e in enumerate((d, *d.alternatives)):
+            assert e.pod is not None
+            if i and self.namespace_policy[e.pod.namespace].effective.exempt_namespaces:
+                continue  # never in an exempt namespace (the engine offers none)
+            if self._evict_one(t, e):
+                if i:
+                    self._count(e)  # a fall-back evicted: an action of its own
+                if e.violation.kind == "DevicePressure":
+                    self.counts.pressure_evictions += 1
+                return
+
+    def _evict_one(self, t: float, d: Evict) -> bool:
+        """One eviction through the rate limiter and the PDB; True when the pod
+        is gone or terminating (now or already)."""
         assert d.pod is not None
         pod = self.fleet.pods.get(d.pod.uid)
         if pod is None or pod.terminating:
-            return
+            return True
         scopes = self.namespace_policy[pod.namespace].scopes
         why = self.limiter.check(pod.uid, scopes)
         if why == "backoff":
             self.counts.evictions_backoff += 1
-            return
+            return False
         if why == "rate_limited":
             self.counts.evictions_rate_limited += 1
             self.triggers.settle(pod, t)  # retried at the next evaluation, as the Evict stays due
-            return
+            return False
         self.limiter.taken(pod.uid, scopes)
         if not self.fleet.disruption_allowed(pod):  # HTTP 429: the token back, retry after the back-off
             self.limiter.refund(scopes)
             self.limiter.blocked(pod.uid)
             self.counts.evictions_blocked += 1
-            return
+            return False
         self.fleet.evict(pod, t)
         self.counts.evictions += 1
+        return True
 
     # --- statuses ------------------------------------------------------------------------
 
@@ -265,6 +287,13 @@ class Vramguard:
                 pod = self.fleet.pods.get(upd.budget.uid.removeprefix(IMPLICIT_UID_PREFIX))
                 if pod is not None:
                     self.triggers.implicit_status(pod, upd.status, t)
+
+
+def _compares_devices(policy: PolicySet) -> bool:
+    """Whether a rule of ``policy`` compares the pods of a device (device pressure)."""
+    return any(p.spec.device_pressure is not None for p in policy.policies) or any(
+        b.spec.device_pressure is not None for b in policy.budgets
+    )
 
 
 def _key(budget: GPUMemoryBudget) -> BudgetKey:

@@ -23,16 +23,20 @@ from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_operator.simulate.workloads import NAMESPACES
 
 DEFAULT_POLICY = """\
-# vramguard as a platform team turns it on today: enforce, give every GPU pod
-# that no budget selects its node's fair share of a device (an implicit budget
-# that annotates), and evict at most 2 pods a minute.
+# vramguard's recommended policy for shared GPUs (examples/recommended-policy.yaml
+# without its namespaceSelector): enforce, give every GPU pod that no budget
+# selects its node's fair share of a device (an implicit budget that
+# annotates), and evict the pod most above its share when a device's free
+# memory falls under 5% or under the room a pod within its share needs to
+# reach it (docs/device-pressure.md), within an eviction rate limit.
 apiVersion: vramguard.io/v1alpha1
 kind: GPUMemoryPolicy
 metadata: {name: fleet-default}
 spec:
   mode: Enforce
   defaults: {shareFromNode: true}
-  evictionRateLimit: {perMinute: 2, burst: 2}
+  devicePressure: {minFree: 5%, protectShares: true, action: Evict}
+  evictionRateLimit: {perMinute: 10, burst: 10}
 """
 
 

@@ -9,7 +9,8 @@
   whose measured value (the simulation's own, not the engine's) was within
   the limit the decision names. Must be 0.
 - ``evictions``: evictions the Eviction API accepted (after the rate limit and
-  PodDisruptionBudgets); ``evictions_blocked`` / ``_rate_limited``: refused.
+  PodDisruptionBudgets); ``evictions_blocked`` / ``_rate_limited``: refused;
+  ``pressure_evictions``: those of them for device pressure.
 - ``gpu_memory_in_use``: device memory used (processes and overhead),
   averaged over the run, in bytes and as a fraction of the fleet's usable memory.
 - ``jobs_completed`` / ``jobs_failed``: Jobs that finished their work / that
@@ -37,6 +38,7 @@ class RunFigures:
     evictions: int
     evictions_blocked: int
     evictions_rate_limited: int
+    pressure_evictions: int
     actions: Mapping[str, int]
     dry_run_steps: int
     gpu_memory_in_use_bytes: float
@@ -103,6 +105,7 @@ def render(c: Comparison) -> str:
          _change(off.over_share_ooms, on.over_share_ooms)),
         ("actions on pods within all limits", "-", str(on.actions_within_limits), "must be 0"),
         ("evictions", "-", str(on.evictions), ""),
+        ("  for device pressure", "-", str(on.pressure_evictions), ""),
         ("  blocked by a PDB / rate-limited", "-", f"{on.evictions_blocked} / {on.evictions_rate_limited}", ""),
         ("annotate / throttle / evict decisions", "-",
          " / ".join(str(on.actions.get(a, 0)) for a in ("Annotate", "Throttle", "Evict")), ""),

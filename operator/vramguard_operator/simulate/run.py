@@ -104,6 +104,7 @@ def _figures(fleet: Fleet, guard: Vramguard | None, duration_s: float, wall_s: f
         evictions=c.evictions if c else 0,
         evictions_blocked=c.evictions_blocked if c else 0,
         evictions_rate_limited=c.evictions_rate_limited if c else 0,
+        pressure_evictions=c.pressure_evictions if c else 0,
         actions=dict(c.decisions) if c else {},
         dry_run_steps=c.dry_run_steps if c else 0,
         gpu_memory_in_use_bytes=in_use,

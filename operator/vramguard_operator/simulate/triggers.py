@@ -26,9 +26,10 @@ found quiet is quiet too. A pod is therefore evaluated at a tick only when:
 The set is closed over budgets (every pod a budget selects, with the budget:
 a budget's status is computed from all its pods) and, with
 ``couple_devices``, over devices (every pod sharing a device with one
-evaluated, for a rule that compares the pods of a device, such as the
-device-pressure rule to come; today's rules do not, and coupling costs about
-three times the evaluations on 4-way shared devices). ``exhaustive``
+evaluated, for a rule that compares the pods of a device: the
+device-pressure rule, which turns it on (``Vramguard``); the budgets' rules
+do not, and coupling costs about three times the evaluations on 4-way shared
+devices). ``exhaustive``
 evaluates every pod at every tick; the tests check it decides the same.
 """
 

@@ -14,6 +14,10 @@ from vramguard_operator.simulate.control import ControlConfig
 from vramguard_operator.simulate.policyfile import DEFAULT_POLICY, load_policy, parse_policy
 from vramguard_operator.simulate.run import SimulationConfig, compare, simulate
 
+# The built-in policy without its device-pressure rule: implicit budgets that only annotate.
+PRESSURE_LINE = "  devicePressure: {minFree: 5%, protectShares: true, action: Evict}\n"
+assert PRESSURE_LINE in DEFAULT_POLICY
+ANNOTATE_ONLY = DEFAULT_POLICY.replace(PRESSURE_LINE, "")
 SMALL = SimulationConfig(nodes={"time-slicing": 1}, hours=1.0, seed=3, tick_s=20.0)
 
 # Budgets that act: a fine-tune per-device limit with the whole ladder, fast; a
@@ -71,13 +75,20 @@ def test_same_seed_same_result_and_another_seed_another():
 
 
 def test_off_and_on_see_the_same_fleet_and_annotations_change_nothing_physical():
-    c = compare(SMALL, load_policy(None))
+    c = compare(SMALL, parse_policy(ANNOTATE_ONLY, "annotate-only"))
     assert not c.off.vramguard and c.on.vramguard
-    assert c.on.actions.get("Annotate", 0) > 0  # the built-in policy's implicit budgets annotate
+    assert c.on.actions.get("Annotate", 0) > 0  # the implicit budgets annotate
     # annotating is not physical: the fleet lives through the same hour
     for key in ("innocent_ooms", "over_share_ooms", "jobs_completed", "gpu_memory_in_use_bytes"):
         assert getattr(c.off, key) == getattr(c.on, key), key
-    assert c.on.actions_within_limits == 0
+    assert c.on.actions_within_limits == 0 and c.on.pressure_evictions == 0
+
+
+def test_the_built_in_device_pressure_rule_evicts_only_pods_above_their_share():
+    c = compare(replace(SMALL, mix=MIX), load_policy(None))
+    assert c.on.pressure_evictions > 0 and c.on.actions.get("Evict", 0) >= c.on.pressure_evictions
+    assert c.on.actions_within_limits == 0, c.on.within_limits_examples
+    assert c.off.pressure_evictions == 0
 
 
 def test_acting_budgets_throttle_and_evict_never_on_a_pod_within_its_limits():
@@ -89,17 +100,17 @@ def test_acting_budgets_throttle_and_evict_never_on_a_pod_within_its_limits():
     assert r.evictions <= 2 + 2 * config.hours * 60
 
 
-@pytest.mark.parametrize("policy", ["built-in", "acting"])
+@pytest.mark.parametrize("policy", ["annotate-only", "built-in", "acting"])
 def test_the_triggers_decide_as_evaluating_every_pod_at_every_tick(policy):
     exact = ControlConfig(band_bytes=0, band_fraction=0.0)  # no dead-band: exactly the same decisions
-    text = DEFAULT_POLICY if policy == "built-in" else ACTING
+    text = {"annotate-only": ANNOTATE_ONLY, "built-in": DEFAULT_POLICY, "acting": ACTING}[policy]
     base = replace(SMALL, hours=1.0, tick_s=30.0, mix=MIX, policy=parse_policy(text, policy))
     fast = simulate(replace(base, control=exact))
     every = simulate(replace(base, control=replace(exact, exhaustive=True)))
     for key in ("innocent_ooms", "over_share_ooms", "actions", "evictions", "evictions_blocked",
                 "evictions_rate_limited", "jobs_completed", "dry_run_steps", "gpu_memory_in_use_bytes"):
         assert getattr(fast, key) == getattr(every, key), key
-    if policy == "built-in":  # per-pod implicit budgets: the triggers' point
+    if policy == "annotate-only":  # per-pod implicit budgets, no device coupling: the triggers' point
         assert every.pods_evaluated > 3 * fast.pods_evaluated
 
 
@@ -112,7 +123,8 @@ def test_dry_run_changes_nothing_physical():
 
 def test_nothing_is_done_in_an_exempt_namespace():
     finetune_only = ACTING.split("---")[:2]  # the policy and the research budget
-    exempt = "---".join(finetune_only).replace("  mode: Enforce", "  mode: Enforce\n  exemptNamespaces: [research]")
+    # without the device-pressure rule, which may evict elsewhere
+    exempt = "---".join(finetune_only).replace(PRESSURE_LINE, "").replace("  mode: Enforce", "  mode: Enforce\n  exemptNamespaces: [research]")
     r = simulate(replace(SMALL, mix=MIX, policy=parse_policy(exempt, "exempt")))
     assert r.dry_run_steps > 0  # the violations are seen and reported...
     assert not r.actions.get("Throttle") and r.evictions == 0  # ...and nothing is done about them

@@ -14,8 +14,9 @@ from typing import Any
 import click
 
 from vramguard_api.cliargs import Duration
+from vramguard_operator.cli.top.devices import build_devices
 from vramguard_operator.cli.top.model import DEFAULT_FRESHNESS_S, Snapshot
-from vramguard_operator.cli.top.render import render, rows_json
+from vramguard_operator.cli.top.render import devices_json, render, rows_json
 from vramguard_operator.cli.top.rows import build_rows
 from vramguard_operator.controller import cluster_reads
 
@@ -83,10 +84,13 @@ def fetch(api: Any, namespace: str | None, freshness_s: float = DEFAULT_FRESHNES
 
 def show(api: Any, settings: TopSettings, namespace: str | None) -> str:
     """One refresh of the output as text."""
-    rows, notes = build_rows(fetch(api, namespace, settings.freshness))
+    snap = fetch(api, namespace, settings.freshness)
+    rows, notes = build_rows(snap)
+    devices = build_devices(snap, rows)
     if settings.output == "json":
-        return json.dumps({"rows": rows_json(rows), "notes": list(notes)}, indent=2, default=str)
-    return render(rows, notes, all_namespaces=namespace is None, wide=settings.output == "wide")
+        body = {"rows": rows_json(rows), "devices": devices_json(devices), "notes": list(notes)}
+        return json.dumps(body, indent=2, default=str)
+    return render(rows, notes, all_namespaces=namespace is None, wide=settings.output == "wide", devices=devices)
 
 
 def run(settings: TopSettings) -> int:

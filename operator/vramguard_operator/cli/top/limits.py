@@ -72,9 +72,8 @@ def parse_reports(snap: Snapshot) -> tuple[dict[str, UsageView], set[str], list[
     return usage, fresh_nodes, notes
 
 
-def parse_budgets(snap: Snapshot, notes: list[str]) -> dict[str, list[BudgetView]]:
-    """The budgets that parse, by namespace, with the policies' ceilings
-    applied; what does not parse is added to ``notes``."""
+def parse_policies(snap: Snapshot, notes: list[str]) -> list[GPUMemoryPolicy]:
+    """The policies that parse; what does not is added to ``notes``."""
     policies: list[GPUMemoryPolicy] = []
     for body in snap.policies:
         p = policy_entry(body).value
@@ -82,6 +81,22 @@ def parse_budgets(snap: Snapshot, notes: list[str]) -> dict[str, list[BudgetView
             notes.append(p)
         else:
             policies.append(p)
+    return policies
+
+
+def namespace_labels(snap: Snapshot, ns: str) -> dict[str, str]:
+    """A namespace's labels, with the one the API server sets on every namespace."""
+    return {"kubernetes.io/metadata.name": ns, **snap.namespace_labels.get(ns, {})}
+
+
+def parse_budgets(
+    snap: Snapshot, notes: list[str], policies: list[GPUMemoryPolicy] | None = None
+) -> dict[str, list[BudgetView]]:
+    """The budgets that parse, by namespace, with the policies' ceilings
+    applied (``policies``: those that parse, read here when not given); what
+    does not parse is added to ``notes``."""
+    if policies is None:
+        policies = parse_policies(snap, notes)
     out: dict[str, list[BudgetView]] = {}
     for body in snap.budgets:
         entry = budget_entry(body).value
@@ -89,7 +104,7 @@ def parse_budgets(snap: Snapshot, notes: list[str]) -> dict[str, list[BudgetView
             notes.append(entry.error or f"GPUMemoryBudget {entry.namespace}/{entry.name}: does not parse")
             continue
         ns = entry.namespace
-        labels = {"kubernetes.io/metadata.name": ns, **snap.namespace_labels.get(ns, {})}
+        labels = namespace_labels(snap, ns)
         try:
             matcher = compile_selector(entry.budget.spec.selector)
             model, sources = effective_budget(entry.budget, merge(policies, ns, labels))

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from vramguard_api.units import format_bytes
+from vramguard_operator.cli.top.devices import DeviceRow
 from vramguard_operator.cli.top.model import DeviceFigure, Row
 
 # Growth below this (bytes per hour) is shown as "flat": the noise of a steady pod.
@@ -65,18 +66,44 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
     return out
 
 
-def render(rows: Sequence[Row], notes: Sequence[str] = (), all_namespaces: bool = False, wide: bool = False) -> str:
-    """The table as text (columns padded like kubectl's), with footnotes."""
+def _padded(cells: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return ["   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+
+
+def device_cells(devices: Iterable[DeviceRow]) -> list[list[str]]:
+    """The cells of the device-pressure table, header first."""
+    out = [["DEVICE", "NODE", "FREE", "MIN FREE", "RULE", "PODS", "STATE", "ACTION"]]
+    for d in devices:
+        free = format_bytes(d.free_bytes) if d.free_bytes is not None else "?"
+        out.append([d.label, d.node, free, format_bytes(d.min_free_bytes), d.rule, str(len(d.pods)), d.state, d.action])
+    return out
+
+
+def render(
+    rows: Sequence[Row],
+    notes: Sequence[str] = (),
+    all_namespaces: bool = False,
+    wide: bool = False,
+    devices: Sequence[DeviceRow] = (),
+) -> str:
+    """The table as text (columns padded like kubectl's), the devices under a
+    device-pressure rule when there are any, and footnotes."""
     if not rows:
         lines = ["No GPU pods found."]
     else:
-        cells = table_rows(rows, all_namespaces, wide)
-        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-        lines = ["   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+        lines = _padded(table_rows(rows, all_namespaces, wide))
         if any(r.stale for r in rows):
             lines.append("* no fresh node report: the figures may be old or missing")
+    if devices:
+        lines += ["", *_padded(device_cells(devices))]
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+def devices_json(devices: Sequence[DeviceRow]) -> list[dict[str, Any]]:
+    """Device rows as JSON-ready dicts (``-o json``)."""
+    return [{**asdict(d), "pods": list(d.pods)} for d in devices]
 
 
 def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:

@@ -66,6 +66,7 @@ def namespace_policies(
             EffectivePolicy(
                 mode=merged.effective_mode,
                 exempt_namespaces=frozenset({ns}) if held else frozenset(),
+                soft_limits=merged.soft_limits is not None,
             ),
             merged.policies or (EvictionLimiter.DEFAULT_SCOPE,),
         )
@@ -213,7 +214,7 @@ def note_resize_errors(
     violations = []
     for v in status.violations:
         err = errors_by_pod.get(v.pod or "")
-        if err and v.step in ("Throttle", "Evict") and err not in v.message:
+        if err and v.step in ("Throttle", "Cap", "Evict") and err not in v.message:
             v = v.model_copy(update={"message": f"{v.message}; {err}"[:1024]})
         violations.append(v)
     return status.model_copy(update={"violations": violations})

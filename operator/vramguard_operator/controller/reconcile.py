@@ -175,6 +175,7 @@ class Reconciler:
             current_status=group.current_status,
         )
         result = self.applier.apply(out, ctx)
+        self.metrics.set_memory_limits(group.namespaces, out.memory_limits)
         for body in result.pods.values():
             self.overlay.record_pod(body)
         pods = {p.uid: p for p in group.input.pods}

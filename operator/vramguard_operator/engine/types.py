@@ -45,7 +45,12 @@ Recover for the same pod in one output):
 2. Recover with ``restore``: resize first; write the pod patch (which removes
    ``vramguard.io/original-cpu``) only when the resize succeeded, so that a
    failed restore is retried at the next evaluation.
-3. Evict: write the pod patch (if any), then call the Eviction API. Evict is
+3. Cap: write the pod patch (it holds ``vramguard.io/memory-limits``, which
+   the pod's node agent applies); the decision itself carries only the Event.
+   Cap is level-triggered through that annotation: each evaluation derives
+   the limits the pod should have from its records and its use, and the patch
+   changes the annotation only when they change (``engine.caps``).
+4. Evict: write the pod patch (if any), then call the Eviction API. Evict is
    level-triggered: it is returned at every evaluation while it is due and the
    pod exists and is not terminating, so a 429 (PodDisruptionBudget) or a
    rate-limited eviction is simply retried later. The pod terminating or
@@ -67,11 +72,14 @@ from vramguard_operator.engine.inputs import (
     PodFacts,
 )
 from vramguard_operator.engine.keys import (
+    ANNOTATION_MEMORY_LIMITS,
     ANNOTATION_MESSAGE,
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_PREFIX,
     ANNOTATION_VIOLATIONS,
     EVENT_ABOVE_WARNING,
+    EVENT_CAP_IMPOSSIBLE,
+    EVENT_CAPPED,
     EVENT_DRY_RUN,
     EVENT_EVICTING,
     EVENT_LEAK_DETECTED,
@@ -87,6 +95,7 @@ from vramguard_operator.engine.outputs import (
     SIDE_EFFECT_DECISIONS,
     Annotate,
     BudgetStatusUpdate,
+    Cap,
     ContainerCPU,
     Decision,
     DecisionAction,
@@ -96,6 +105,7 @@ from vramguard_operator.engine.outputs import (
     EventSpec,
     EventType,
     Evict,
+    PodMemoryLimits,
     PodPatch,
     Recover,
     Throttle,
@@ -104,6 +114,7 @@ from vramguard_operator.engine.outputs import (
 from vramguard_operator.engine.records import ViolationRecord
 
 __all__ = [
+    "ANNOTATION_MEMORY_LIMITS",
     "ANNOTATION_MESSAGE",
     "ANNOTATION_ORIGINAL_CPU",
     "ANNOTATION_PREFIX",
@@ -111,6 +122,8 @@ __all__ = [
     "DEFAULT_FRESHNESS_SECONDS",
     "DEFAULT_RECOVERY_MARGIN",
     "EVENT_ABOVE_WARNING",
+    "EVENT_CAPPED",
+    "EVENT_CAP_IMPOSSIBLE",
     "EVENT_DRY_RUN",
     "EVENT_EVICTING",
     "EVENT_LEAK_DETECTED",
@@ -123,6 +136,7 @@ __all__ = [
     "Annotate",
     "BudgetRef",
     "BudgetStatusUpdate",
+    "Cap",
     "ContainerCPU",
     "ContainerFacts",
     "Decision",
@@ -137,6 +151,7 @@ __all__ = [
     "EventType",
     "Evict",
     "PodFacts",
+    "PodMemoryLimits",
     "PodPatch",
     "PodRef",
     "Recover",

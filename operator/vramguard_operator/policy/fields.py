@@ -116,6 +116,8 @@ FIELDS: dict[str, tuple[Reader, Combiner]] = {
     "eviction_per_minute": (lambda p: p.spec.eviction_rate_limit.per_minute, _smallest),
     "eviction_burst": (lambda p: p.spec.eviction_rate_limit.burst, _smallest),
     "inject_framework_caps": (lambda p: p.spec.inject_framework_caps or None, _first),
+    # Share wins: a guarantee for the pods within their share (like injectFrameworkCaps, opt-in by any policy)
+    "soft_limits": (lambda p: True if p.spec.soft_limits == "Share" else None, _first),
 }
 """MergedPolicy field -> (reader of one policy's value or None, combiner)."""
 
@@ -135,5 +137,6 @@ FIELD_PATHS = {
     "eviction_per_minute": "evictionRateLimit.perMinute",
     "eviction_burst": "evictionRateLimit.burst",
     "inject_framework_caps": "injectFrameworkCaps",
+    "soft_limits": "softLimits",
 }
 """MergedPolicy field -> the spec path it comes from, as status and docs name it."""

@@ -80,6 +80,7 @@ class MergedPolicy:
     eviction_per_minute: Sourced[int] | None = None
     eviction_burst: Sourced[int] | None = None
     inject_framework_caps: Sourced[bool] | None = None
+    soft_limits: Sourced[bool] | None = None
     invalid: tuple[str, ...] = ()
 
     @property

@@ -16,9 +16,11 @@ What is read (all through the API, nothing from the operator's memory):
   ``vramguard.io/limits`` (``node/time-slicing:4``, ``vgpu/usable``,
   ``mig/1g.5gb``, ``policy/<name>``, ...);
 - the pod annotations ``vramguard.io/violations`` (open violations that reached
-  a step) and ``vramguard.io/original-cpu`` (throttled).
+  a step), ``vramguard.io/original-cpu`` (throttled) and
+  ``vramguard.io/memory-limits`` (capped, soft limits), with what the node
+  agent reports it holds (``-o wide``: the CAPS column).
 
-Modules: ``model`` (the snapshot and the rows, as data), ``limits`` and
+Modules: ``model`` (the snapshot and the rows, as data), ``limits``, ``caps`` and
 ``rows`` (``build_rows``: a ``Snapshot`` in, ``Row``s out; pure), ``render``
 (text and JSON; pure), ``command`` (the flags, the reads through
 ``controller.cluster_reads``, the refresh loop).

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from vramguard_api.units import format_bytes
+from vramguard_operator.cli.top.caps import caps_text
 from vramguard_operator.cli.top.model import DeviceFigure, Row
 
 # Growth below this (bytes per hour) is shown as "flat": the noise of a steady pod.
@@ -39,7 +40,7 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     if wide:
-        header += ["LIMITS", "WHY"]
+        header += ["LIMITS", "CAPS", "WHY"]
     out = [header]
     for r in rows:
         bind = r.binding
@@ -60,6 +61,7 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
             cells.insert(0, r.namespace)
         if wide:
             cells.append(", ".join(f"{x.name} {format_bytes(x.limit_bytes)} ({x.source})" for x in r.limits) or "-")
+            cells.append(caps_text(r.caps))
             cells.append("; ".join(r.why) or "-")
         out.append(cells)
     return out
@@ -87,6 +89,7 @@ def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
         d["devices"] = [asdict(x) for x in r.devices]
         d["limits"] = [{**asdict(x), "ratio": x.ratio} for x in r.limits]
         d["why"] = list(r.why)
+        d["caps"] = [asdict(x) for x in r.caps]
         out.append(d)
     return out
 

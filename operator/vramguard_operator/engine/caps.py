@@ -41,6 +41,7 @@ from vramguard_api.memlimits import (
     DeviceMemoryLimit,
     MemoryLimitsError,
     format_memory_limits,
+    is_gpu_uuid,
     memory_limits_of,
 )
 from vramguard_api.usage import PodMemoryLimit
@@ -51,7 +52,6 @@ from vramguard_operator.engine.measure import BudgetLimits, Measure, Node, PodDa
 GRANULE = MIN_HARD_LIMIT_BYTES
 """Hard limits are whole multiples of 256 MiB above the level: the annotation
 (and the driver's limit) changes only when the pod's use moves by that much."""
-GPU_PREFIX = "GPU-"
 _VRAM_KINDS = frozenset({"PodVRAM", "DeviceVRAM", "TotalVRAM", "Leak"})
 
 
@@ -121,8 +121,8 @@ def _default_levels(m: Measure, d: PodData, held: list[tuple[str, int, int | Non
 
 def refusal(uuid: str, node: Node | None) -> str | None:
     """Why no memory limit can be written for device ``uuid`` on ``node``; None when one can."""
-    if not uuid.startswith(GPU_PREFIX):
-        return f"{uuid} is a MIG device (MIG devices cannot hold memory limits)"
+    if not is_gpu_uuid(uuid):
+        return f"{uuid} is no GPU UUID: a MIG device (which cannot hold memory limits) or unknown"
     if node is None:
         return None
     if node.enforce_caps is False:

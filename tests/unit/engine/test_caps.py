@@ -203,7 +203,7 @@ def test_dry_run_would_cap_and_writes_nothing():
          " limits (DriverTooOld: probe)"),
         ([device()], {"version": "1", "backend": "sim", "sampleIntervalSeconds": 5, "enforceCaps": False},
          "the node agent does not apply memory limits (enforceCaps off)"),
-        ([device(uuid="MIG-1", support=None)], None, "MIG-1 is a MIG device (MIG devices cannot hold memory limits)"),
+        ([device(uuid="MIG-1", support=None)], None, "MIG-1 is no GPU UUID: a MIG device (which cannot hold memory limits) or unknown"),
     ],
     ids=["device-unsupported", "agent-without-enforce-caps", "mig-device"],
 )

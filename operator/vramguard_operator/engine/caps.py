@@ -83,7 +83,9 @@ def _lowest(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
 # --- the Cap step's levels -------------------------------------------------------------
 
 
-def cap_levels(m: Measure, d: PodData, hard_limit: DeviceLimit | None) -> dict[str, int] | None:
+def cap_levels(
+    m: Measure, d: PodData, hard_limit: DeviceLimit | None, held: Mapping[str, int] | None = None
+) -> dict[str, int] | None:
     """The level of the hard limit per device of pod ``d`` for violation ``m``
     (bytes by UUID; the devices where ``d`` holds memory); None when ``d``'s use
     is unknown. Empty for a RAM violation (the driver limits GPU memory only).
@@ -92,31 +94,34 @@ def cap_levels(m: Measure, d: PodData, hard_limit: DeviceLimit | None) -> dict[s
     unknown usable memory falls back to the default). Default: DeviceVRAM, the
     device's limit; PodVRAM, the pod's limit split over its devices by their
     use; TotalVRAM (``d`` the pod chosen for the step), the pod's use less the
-    total's excess, split the same way; Leak, 0 (the hard limit is then the
-    pod's use: the leak stops growing where it is)."""
+    total's excess, split the same way; Leak, the hard limit the pod holds
+    (``held``: bytes by UUID, from its annotation), else its use: the leak
+    stops growing where it was when the step fired."""
     kind = m.key.kind
     if kind not in _VRAM_KINDS:
         return {}
     if d.state != "Fresh" or d.vram is None or any(used is None for _, used, _ in d.devices):
         return None
-    held = [(u, used or 0, usable) for u, used, usable in d.devices if (used or 0) > 0 or u == m.key.device]
+    on = [(u, used or 0, usable) for u, used, usable in d.devices if (used or 0) > 0 or u == m.key.device]
     if kind == "DeviceVRAM":
-        held = [h for h in held if h[0] == m.key.device]
-    default = _default_levels(m, d, held)
+        on = [h for h in on if h[0] == m.key.device]
+    default = _default_levels(m, d, on, held or {})
     if hard_limit is None:
         return default
-    return {u: hard_limit.bytes_for(usable) or default[u] for u, _, usable in held}
+    return {u: hard_limit.bytes_for(usable) or default[u] for u, _, usable in on}
 
 
-def _default_levels(m: Measure, d: PodData, held: list[tuple[str, int, int | None]]) -> dict[str, int]:
+def _default_levels(
+    m: Measure, d: PodData, on: list[tuple[str, int, int | None]], held: Mapping[str, int]
+) -> dict[str, int]:
     kind = m.key.kind
     if kind == "DeviceVRAM":
-        return {u: m.limit for u, _, _ in held}
+        return {u: m.limit for u, _, _ in on}
     if kind == "Leak":
-        return {u: 0 for u, _, _ in held}
+        return {u: held.get(u, used) for u, used, _ in on}
     own = m.limit if kind == "PodVRAM" else max(0, (d.vram or 0) - max(0, (m.observed or 0) - m.limit))
-    total = sum(used for _, used, _ in held) or 1
-    return {u: own * used // total for u, used, _ in held}
+    total = sum(used for _, used, _ in on) or 1
+    return {u: own * used // total for u, used, _ in on}
 
 
 def refusal(uuid: str, node: Node | None) -> str | None:
@@ -170,6 +175,12 @@ def shares(d: PodData, lim: BudgetLimits) -> dict[str, int]:
 
 
 # --- the annotation -------------------------------------------------------------------------
+
+
+def held_hard(pod: PodFacts) -> dict[str, int]:
+    """The hard limits the pod's annotation holds, bytes by UUID (none when it does not parse)."""
+    current, _ = current_limits(pod)
+    return {u: lim.hard_limit for u, lim in current.items() if lim.hard_limit is not None}
 
 
 def current_limits(pod: PodFacts) -> tuple[dict[str, DeviceMemoryLimit], str | None]:

@@ -265,20 +265,17 @@ def _cap(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep) -> None:
         text = msg.cap_impossible_text(_text(w, f, None), reason)
         w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAP_IMPOSSIBLE, text), hard_limits={}, impossible_reason=reason)
         return
-    current, _ = caps.current_limits(d.pod)
+    held = caps.held_hard(d.pod)
     used = {u: v for u, v, _ in d.devices}
-    hard = {
-        u: caps.hard_limit(level, used.get(u), getattr(current.get(u), "hard_limit", None))
-        for u, level in levels.items()
-    }
-    floors = {u: caps.hard_limit(level, 0, None) for u, level in levels.items()}
+    hard = {u: caps.hard_limit(level, used.get(u), held.get(u)) for u, level in levels.items()}
+    floors = {u: caps.hard_limit(level, level, None) for u, level in levels.items()}
     text = msg.step_text(w.ref, f.rec, f.m, f.next_step, f.next_time, "Cap", done_text=msg.capped_text(hard, floors))
     w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAPPED, text), hard_limits=hard)
 
 
 def _cap_plan(w: BudgetWork, m: Measure, d: PodData, rung: lad.LadderStep) -> tuple[dict[str, int], list[str]]:
     """The levels of ``d``'s hard limits that can be written, and why the others cannot."""
-    levels = caps.cap_levels(m, d, rung.hard_limit) or {}
+    levels = caps.cap_levels(m, d, rung.hard_limit, caps.held_hard(d.pod)) or {}
     return caps.writable(levels, w.state.nodes.get(d.pod.node_name or ""))
 
 
@@ -309,7 +306,8 @@ def want_caps(w: BudgetWork) -> None:
             continue
         m = w.measured.get(rec.key)
         for d in _cap_holders(w, rec):
-            levels = None if m is None or m.over is None else caps.cap_levels(m, d, rung.hard_limit)
+            known = m is not None and m.over is not None
+            levels = caps.cap_levels(m, d, rung.hard_limit, caps.held_hard(d.pod)) if m is not None and known else None
             w.want_limits(d.pod.uid, caps.HOLD if levels is None else caps.LimitsWant(hard=levels))
 
 

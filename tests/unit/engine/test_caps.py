@@ -288,10 +288,14 @@ def test_a_leak_is_capped_where_it_stands():
     b = budget(per_pod={"vram": "79Gi"}, ladder=LADDER, leak={"enabled": True, "minGrowthPerHour": "1Gi"})
     trend = {"windowSeconds": 3600, "samples": 120, "growthBytesPerHour": 4 * GI, "growthLowBytesPerHour": 3 * GI,
              "floorRiseBytes": 4 * GI, "onsetSeconds": 3600}
-    usage = {"w0": vram(20.1, trend=trend)}
-    events, seen, _, _ = play([b], [pod("w0")], [(0, usage), (120, usage)])
-    assert ("Cap", "Leak") in [(d.action, d.violation.kind) for _, d in events]
-    assert seen[-1][1] == {GPU0: {"hardLimit": granule_up(int(20.1 * GI))}}
+    timeline = [(0, {"w0": vram(20.1, trend=trend)}), (120, {"w0": vram(20.1, trend=trend)}),
+                (180, {"w0": vram(12, trend=trend)})]
+    events, seen, _, _ = play([b], [pod("w0")], timeline)
+    (cap,) = [d for _, d in events if isinstance(d, Cap)]
+    assert cap.violation.kind == "Leak" and "down to" not in cap.event.message
+    held = {GPU0: {"hardLimit": granule_up(int(20.1 * GI))}}
+    assert seen[1][1] == held
+    assert seen[2][1] == held  # a leak's cap stays where it was set while the leak is open
 
 
 def test_a_totals_cap_goes_to_the_largest_consumer_at_its_use_less_the_excess():

@@ -13,15 +13,17 @@ from .meta import APIModel, Condition, LabelSelector, ObjectMeta
 from .pressure import DevicePressure
 from .units import parse_duration, quantity_to_bytes
 
-Action = Literal["Annotate", "Throttle", "Evict"]
-ACTIONS: tuple[Action, ...] = ("Annotate", "Throttle", "Evict")
+Action = Literal["Annotate", "Throttle", "Cap", "Evict"]
+ACTIONS: tuple[Action, ...] = ("Annotate", "Throttle", "Cap", "Evict")
+LADDER_ORDER = ", ".join(ACTIONS)
 Mode = Literal["Enforce", "DryRun"]
+SoftLimits = Literal["Share", "Off"]
 ViolationKind = Literal["PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak", "DevicePressure"]
 
 DEFAULT_THROTTLE_CPU = "100m"
 DEFAULT_WARNING_THRESHOLD = 0.85
 
-_RANK = "({x}.action == 'Annotate' ? 0 : ({x}.action == 'Throttle' ? 1 : 2))"
+_RANK = "({x}.action == 'Annotate' ? 0 : ({x}.action == 'Throttle' ? 1 : ({x}.action == 'Cap' ? 2 : 3)))"
 # Checked only when every delay can go through duration() (each step's own rule reports the others).
 _STEPS_INCREASING = (
     f"!self.all(s, {duration_guard('s.after')}) || "
@@ -113,14 +115,21 @@ class EscalationStep(APIModel):
                     "rule": "!has(self.cpuLimit) || self.action == 'Throttle'",
                     "message": "cpuLimit is only valid on a Throttle step",
                     "fieldPath": ".cpuLimit",
-                }
+                },
+                {
+                    "rule": "!has(self.hardLimit) || self.action == 'Cap'",
+                    "message": "hardLimit is only valid on a Cap step",
+                    "fieldPath": ".hardLimit",
+                },
             ]
         }
     )
 
     action: Action = Field(
         description="Annotate: pod annotations and Warning Events. Throttle: lower the pod's CPU limit "
-        "through the pods/resize subresource. Evict: the Eviction API (PodDisruptionBudgets respected)."
+        "through the pods/resize subresource. Cap: a driver-enforced hard limit on the pod's GPU memory per device "
+        "(NVML per-cgroup memory limits, applied by the node agent; where a device cannot hold one the step is "
+        "recorded as impossible). Evict: the Eviction API (PodDisruptionBudgets respected)."
     )
     after: Delay = Field(
         default="0s", description=f"How long the violation must have lasted before this step fires. {DELAY.doc}"
@@ -131,10 +140,24 @@ class EscalationStep(APIModel):
         description="Throttle only: the CPU limit set on each container while throttled "
         f"(default {DEFAULT_THROTTLE_CPU}). {THROTTLE_CPU.doc}",
     )
+    hard_limit: DeviceLimit | None = Field(
+        default=None,
+        alias="hardLimit",
+        description="Cap only: the level of the hard limit on each device the pod uses, bytes or a fraction of the "
+        "device's usable memory. Default: the violated limit (a per-pod limit split over the pod's devices by "
+        "their use; for a leak, the pod's use when the step fires). The hard limit starts at the pod's use when "
+        "that is higher and follows the pod down to this level as it frees memory.",
+    )
 
     def after_seconds(self) -> float:
         """The step's delay in seconds."""
         return parse_duration(self.after, "escalation.after")
+
+    @model_validator(mode="after")
+    def _hard_limit_on_cap(self) -> EscalationStep:
+        if self.hard_limit is not None and self.action != "Cap":
+            raise ValueError("hardLimit is only valid on a Cap step")
+        return self
 
 
 def _default_ladder() -> list[EscalationStep]:
@@ -148,11 +171,19 @@ class Enforcement(APIModel):
         default="Enforce",
         description="Enforce: run the escalation ladder. DryRun: change nothing but status, Events and metrics.",
     )
+    soft_limits: SoftLimits | None = Field(
+        default=None,
+        alias="softLimits",
+        description="Share: set the driver's soft limit of each selected pod on each device to its per-device limit "
+        "(its share), so that under real memory pressure the driver evicts a pod above its share before one within "
+        "it (NVML per-cgroup memory limits, applied by the node agent where devices support them). Off: none. "
+        "Unset: as the GPUMemoryPolicy says (softLimits), else Off.",
+    )
     escalation: list[EscalationStep] = Field(
         default_factory=_default_ladder,
         min_length=1,
-        max_length=3,
-        description="The escalation ladder, at most one step per action, in the order Annotate, Throttle, Evict, "
+        max_length=len(ACTIONS),
+        description=f"The escalation ladder, at most one step per action, in the order {LADDER_ORDER}, "
         "with strictly increasing delays. Default: Annotate at once.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
@@ -160,7 +191,7 @@ class Enforcement(APIModel):
             "x-kubernetes-validations": [
                 {
                     "rule": _STEPS_INCREASING,
-                    "message": "escalation delays must increase along Annotate, Throttle, Evict",
+                    "message": f"escalation delays must increase along {LADDER_ORDER}",
                 }
             ],
         },
@@ -174,7 +205,7 @@ class Enforcement(APIModel):
         ordered = sorted(self.escalation, key=lambda s: ACTIONS.index(s.action))
         delays = [s.after_seconds() for s in ordered]
         if any(b <= a for a, b in zip(delays, delays[1:], strict=False)):
-            raise ValueError("escalation delays must increase along Annotate, Throttle, Evict")
+            raise ValueError(f"escalation delays must increase along {LADDER_ORDER}")
         self.escalation = ordered
         return self
 

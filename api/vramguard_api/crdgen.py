@@ -61,7 +61,7 @@ RESOURCES = [
         spec=GPUMemoryBudgetSpec,
         status=GPUMemoryBudgetStatus,
         description="A budget for the GPU memory (VRAM) and host memory (RAM) of the pods its selector "
-        "matches, with an escalation ladder (Annotate, Throttle, Evict) for violations.",
+        "matches, with an escalation ladder (Annotate, Throttle, Cap, Evict) for violations.",
         columns=[
             {"name": "Mode", "type": "string", "jsonPath": ".spec.enforcement.mode"},
             {"name": "Pods", "type": "integer", "jsonPath": ".status.matchedPods"},

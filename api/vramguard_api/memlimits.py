@@ -84,6 +84,12 @@ REASON_TO_APPLY = "ToApply"  # wanted, not applied yet
 REASON_ANNOTATION_REFUSED = "AnnotationRefused"  # the annotation is invalid: what is held is kept
 
 
+def is_gpu_uuid(key: str) -> bool:
+    """Whether ``key`` can carry memory limits: a GPU's UUID (``GPU-`` and hex
+    digits and dashes, as NVML names GPUs), not a MIG device's."""
+    return bool(_GPU_UUID.match(key))
+
+
 class MemoryLimitsError(ValueError):
     """A memory-limits annotation that breaks the format or a bound (the message names both)."""
 
@@ -138,7 +144,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _entry(uuid: str, value: Any) -> DeviceMemoryLimit:
     where = f"{MEMORY_LIMITS_ANNOTATION}[{uuid!r}]"
-    if not _GPU_UUID.match(uuid):
+    if not is_gpu_uuid(uuid):
         raise MemoryLimitsError(f"{where}: the key is not a GPU UUID (GPU-…; MIG devices cannot carry limits)")
     if not isinstance(value, dict) or not value:
         raise MemoryLimitsError(f"{where}: want an object with hardLimit and/or softLimit, got {value!r}")

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
-from .budget import Mode
+from .budget import Mode, SoftLimits
 from .limits import DeviceLimit, MemoryLimit
 from .meta import APIModel, Condition, LabelSelector, ObjectMeta
 from .pressure import DevicePressure
@@ -65,6 +65,15 @@ class GPUMemoryPolicySpec(APIModel):
     )
     mode: Mode = Field(
         default="Enforce", description="Cluster-wide mode: DryRun overrides every budget's Enforce in these namespaces."
+    )
+    soft_limits: SoftLimits = Field(
+        default="Off",
+        alias="softLimits",
+        description="Share: set the driver's soft limit of every GPU pod in these namespaces to its per-device "
+        "limit (its share: a budget's, or for pods no budget selects the policy's default, a DRA claim or a "
+        "sharer's grant), so that under real memory pressure the driver evicts a pod above its share before one "
+        "within it. A budget's own enforcement.softLimits overrides it. Needs devices that support per-cgroup "
+        "memory limits and agents with enforceCaps.",
     )
     defaults: PolicyDefaults | None = Field(default=None, description="Limits for GPU pods that no budget selects.")
     ceilings: PolicyCeilings | None = Field(default=None, description="Ceilings for budgets in these namespaces.")

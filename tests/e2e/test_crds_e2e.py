@@ -63,7 +63,13 @@ INVALID = [
         "delays not increasing",
         "spec.enforcement.escalation.2.after",
         "1m",
-        "escalation delays must increase along Annotate, Throttle, Evict",
+        "escalation delays must increase along Annotate, Throttle, Cap, Evict",
+    ),
+    (
+        "cap after evict",
+        "spec.enforcement.escalation",
+        [{"action": "Annotate"}, {"action": "Evict", "after": "15m"}, {"action": "Cap", "after": "20m"}],
+        "escalation delays must increase along Annotate, Throttle, Cap, Evict",
     ),
     ("fraction zero", "spec.limits.perDevice.fraction", 0, "spec.limits.perDevice.fraction: Invalid value: 0"),
     (
@@ -93,6 +99,13 @@ INVALID = [
         "1",
         "cpuLimit is only valid on a Throttle step",
     ),
+    (
+        "hardLimit on throttle",
+        "spec.enforcement.escalation.1.hardLimit",
+        {"vram": "10Gi"},
+        "hardLimit is only valid on a Cap step",
+    ),
+    ("unknown softLimits", "spec.enforcement.softLimits", "Always", "spec.enforcement.softLimits: Unsupported value"),
     ("warning threshold zero", "spec.warningThreshold", 0, "spec.warningThreshold in body should be greater than 0"),
     ("unknown mode", "spec.enforcement.mode", "Audit", "spec.enforcement.mode: Unsupported value"),
     ("evictBefore without enabled", "spec.leakDetection", {"evictBefore": "10m"}, "evictBefore requires enabled: true"),
@@ -250,6 +263,16 @@ def test_a_one_step_ladder_is_bounded(cluster, namespace):
     _refused(
         cluster, obj, f'spec.enforcement.escalation[0].after: Invalid value: "99999999999999h": 99999999999999h {_DAYS}'
     )
+
+
+def test_a_ladder_with_a_cap_and_soft_limits_is_accepted(cluster, namespace):
+    obj = valid_budget(namespace, "capped")
+    obj["spec"]["enforcement"]["softLimits"] = "Share"
+    obj["spec"]["enforcement"]["escalation"].insert(2, {"action": "Cap", "after": "10m", "hardLimit": {"vram": "24Gi"}})
+    GPUMemoryBudget.model_validate(obj)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    got = json.loads(cluster.kubectl("get", "gmb", "capped", "-n", namespace, "-o", "json").stdout)
+    assert [s["action"] for s in got["spec"]["enforcement"]["escalation"]] == ["Annotate", "Throttle", "Cap", "Evict"]
 
 
 def test_values_at_the_bounds_are_accepted(cluster, namespace):

@@ -9,7 +9,8 @@ always written before the action it describes. For one pod:
 2. otherwise the annotation patch first (``api_calls.annotations_patch``: a
    JSON merge patch with ``metadata.uid`` as precondition); when it fails,
    nothing else is done for that pod;
-3. Throttle: ``pods/resize`` (``resize``);
+3. Throttle: ``pods/resize`` (``resize``); a Cap's work is the patch itself
+   (``vramguard.io/memory-limits``, applied by the pod's node agent);
 4. Evict: the Eviction API, rate-limited (``evictions``, ``ratelimit``); a
    device-pressure eviction that cannot be done falls back to the next pod
    above its share on the device, then to a ``DeviceWillRunOut`` Event;
@@ -36,6 +37,7 @@ from vramguard_operator.controller.resize import ResizeOutcome, Resizer, merged_
 from vramguard_operator.engine.types import (
     Annotate,
     BudgetStatusUpdate,
+    Cap,
     Decision,
     DryRunStep,
     EngineOutput,
@@ -106,8 +108,8 @@ def exempt_work(w: PodWork) -> tuple[PodWork, list[Decision]]:
     refused: list[Decision] = [*w.throttles, *w.evicts]
     others = list(w.others)
     if adds:  # no restore without the patch that records it; Events of the rest only
-        refused += [*w.restores, *(d for d in others if isinstance(d, Annotate))]
-        others = [d for d in others if not isinstance(d, Annotate)]
+        refused += [*w.restores, *(d for d in others if isinstance(d, Annotate | Cap))]
+        others = [d for d in others if not isinstance(d, Annotate | Cap)]
     if not refused and not adds:
         return w, []
     if adds:
@@ -226,7 +228,7 @@ class Applier:
             self.evictor.evict_first(ev, lambda ns: ns in ctx.exempt_namespaces, ctx.eviction_scopes)
         for other in w.others:
             self.events.explain(other, other.event)
-            self.events.count(other, "dry_run" if isinstance(other, DryRunStep) else "success")
+            self.events.count(other, _result(other))
             if isinstance(other, DryRunStep) and other.violation.kind == "DevicePressure":
                 self.metrics.pressure_event("dry_run", w.pod.namespace)
 
@@ -245,3 +247,11 @@ class Applier:
             for d in w.decisions():
                 self.events.count(d, "failed")
             return False
+
+
+def _result(d: Decision) -> str:
+    """The ``vramguard_actions_total`` result of a decision whose work is its Event
+    (and, for Annotate and Cap, the pod patch written before it)."""
+    if isinstance(d, DryRunStep):
+        return "dry_run"
+    return "impossible" if isinstance(d, Cap) and d.impossible_reason is not None else "success"

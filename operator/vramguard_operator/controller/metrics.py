@@ -12,13 +12,19 @@
 - ``vramguard_leak_suspected{namespace,budget,pod}`` (gauge, 1): a Leak violation
   is open on the pod.
 - ``vramguard_actions_total{action,result,namespace}`` (counter): actions taken
-  or attempted. ``action``: Warn, Annotate, Throttle, Evict, Recover.
+  or attempted. ``action``: Warn, Annotate, Throttle, Cap, Evict, Recover.
   ``result``: ``success``, ``failed`` (the API refused, or did not answer), ``impossible`` (no
-  container can be throttled in place), ``blocked`` (a PodDisruptionBudget
+  container can be throttled in place; no device of the pod can hold a memory limit), ``blocked`` (a PodDisruptionBudget
   refused the eviction: HTTP 429), ``rate_limited`` (the eviction rate limit),
   ``backoff`` (waiting to retry a blocked eviction), ``dry_run`` (mode DryRun or
   exempt namespace: Event only), ``skipped`` (refused by the actions layer's own
   safety checks).
+- ``vramguard_pod_memory_limits{namespace,limit}`` (gauge): pods whose
+  ``vramguard.io/memory-limits`` sets a ``hard`` limit (a Cap) or a ``soft``
+  limit (their share) on some device, as the last evaluation left them.
+- ``vramguard_pod_memory_limits_not_held{namespace}`` (gauge): pods with a hard
+  limit that their node agent reports it could not apply (Failed, Unsupported
+  or Disabled; the Cap then does not bind, and the ladder goes on).
 - ``vramguard_decision_latency_seconds`` (histogram): from the change that
   triggered an evaluation being seen by the operator (a node report, pod,
   budget or policy event; or the evaluation timer) to the end of applying its
@@ -51,7 +57,7 @@ from datetime import datetime
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
-from vramguard_operator.engine.types import DevicePressureReport
+from vramguard_operator.engine.types import DevicePressureReport, PodMemoryLimits
 
 log = logging.getLogger("vramguard.operator")
 
@@ -109,6 +115,8 @@ class Metrics:
         )
         self._init_pressure()
         self._device_series: dict[tuple[str, str], str] = {}
+        self.memory_limits, self.memory_limits_not_held = self._memory_limit_gauges()
+        self._limits_series: set[tuple[str, str]] = set()
         self._violation_series: dict[tuple[str, str], set[str]] = {}
         self._ratio_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._leak_series: dict[tuple[str, str], set[str]] = {}
@@ -220,6 +228,48 @@ class Metrics:
         for pod in pods:
             self.leak.labels(namespace=namespace, budget=budget, pod=pod).set(1)
         self._leak_series[key] = set(pods)
+
+    def _memory_limit_gauges(self) -> tuple[Gauge, Gauge]:
+        pods = Gauge(
+            "vramguard_pod_memory_limits",
+            "Pods whose vramguard.io/memory-limits sets a hard (Cap) or soft (share) limit.",
+            ["namespace", "limit"],
+            registry=self.registry,
+        )
+        not_held = Gauge(
+            "vramguard_pod_memory_limits_not_held",
+            "Pods with a hard limit their node agent reports it could not apply.",
+            ["namespace"],
+            registry=self.registry,
+        )
+        return pods, not_held
+
+    def set_memory_limits(self, namespaces: Iterable[str], pods: Iterable[PodMemoryLimits]) -> None:
+        """Set the memory-limit gauges of ``namespaces`` from one evaluation's
+        ``EngineOutput.memory_limits``; series that fall to 0 are removed."""
+        scope = set(namespaces)
+        counts: _Tally[tuple[str, str]] = _Tally()
+        for p in pods:
+            ns = p.pod.namespace
+            if any(lim.hard_limit is not None for lim in p.limits.values()):
+                counts[(ns, "hard")] += 1
+            if any(lim.soft_limit for lim in p.limits.values()):
+                counts[(ns, "soft")] += 1
+            if p.not_held:
+                counts[(ns, "not_held")] += 1
+        for ns, kind in [k for k in self._limits_series if k[0] in scope and k not in counts]:
+            gauge, labels = self._limits_gauge(ns, kind)
+            gauge.remove(*labels)
+            self._limits_series.discard((ns, kind))
+        for (ns, kind), n in counts.items():
+            gauge, labels = self._limits_gauge(ns, kind)
+            gauge.labels(*labels).set(n)
+            self._limits_series.add((ns, kind))
+
+    def _limits_gauge(self, namespace: str, kind: str) -> tuple[Gauge, tuple[str, ...]]:
+        if kind == "not_held":
+            return self.memory_limits_not_held, (namespace,)
+        return self.memory_limits, (namespace, kind)
 
     def forget_budgets(self, keep: Iterable[tuple[str, str]], namespaces: Iterable[str]) -> None:
         """Remove the series of budgets in ``namespaces`` that are not in ``keep``

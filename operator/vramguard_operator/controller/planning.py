@@ -143,7 +143,7 @@ def note_resize_errors(
     violations = []
     for v in status.violations:
         err = errors_by_pod.get(v.pod or "")
-        if err and v.step in ("Throttle", "Evict") and err not in v.message:
+        if err and v.step in ("Throttle", "Cap", "Evict") and err not in v.message:
             v = v.model_copy(update={"message": f"{v.message}; {err}"[:1024]})
         violations.append(v)
     return status.model_copy(update={"violations": violations})

@@ -180,6 +180,7 @@ class Reconciler:
         )
         result = self.applier.apply(out, ctx)
         self._devices.extend(out.devices)
+        self.metrics.set_memory_limits(group.namespaces, out.memory_limits)
         for body in result.pods.values():
             self.overlay.record_pod(body)
         pods = {p.uid: p for p in group.input.pods}

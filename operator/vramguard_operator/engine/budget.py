@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWarning, Violation
+from vramguard_operator.engine import caps, steps
 from vramguard_operator.engine import ladder as lad
-from vramguard_operator.engine import steps
 from vramguard_operator.engine import warnings as warn
 from vramguard_operator.engine.inputs import PodFacts
 from vramguard_operator.engine.keys import BudgetRef
@@ -35,14 +35,17 @@ def evaluate_budget(
     enforce: bool,
     state: PassState,
     device_limits: Mapping[str, int] | None = None,
+    soft_limits: bool = False,
 ) -> BudgetResult:
     """Evaluate ``budget`` against the pods of its namespace (``ns_pods``, sorted
     by name) and the nodes' reports. ``acting``: steps fire for real (the
     budget enforces and its namespace is not exempt); ``enforce``: the
     effective mode is Enforce. ``device_limits``: bytes by device UUID that
-    replace ``perDevice`` on those devices (``EngineInput.device_limits``). An
-    invalid spec decides nothing: its result holds only the status
-    (Ready=False naming the field)."""
+    replace ``perDevice`` on those devices (``EngineInput.device_limits``).
+    ``soft_limits``: the policy asks for soft limits at the shares (for a
+    budget that leaves ``enforcement.softLimits`` unset). An invalid spec
+    decides nothing: its result holds only the status (Ready=False naming the
+    field) and keeps the memory limits of the pods it holds."""
     meta = budget.metadata
     ref = BudgetRef(meta.namespace or "", meta.name or "", meta.uid or "")
     spec = budget.spec
@@ -53,7 +56,12 @@ def evaluate_budget(
         leak_ladder = lad.ladder_of(spec, default_cpu, leak=True)
         limits = BudgetLimits.of(spec, state.config.recovery_margin, device_limits or {})
     except ValueError as err:
-        return BudgetResult(ref, invalid_status(budget, str(err), state.now))
+        held = {
+            uid: caps.HOLD
+            for uid, recs in state.pod_records.items()
+            if any(k.namespace == ref.namespace and k.budget == ref.name for k in recs)
+        }
+        return BudgetResult(ref, invalid_status(budget, str(err), state.now), limits=held)
     w = BudgetWork(state, ref, acting, ladder, leak_ladder)
     matched = [p for p in ns_pods if p.phase not in _DONE_PHASES and matcher(p.labels)]
     running = [p for p in matched if p.phase == "Running" and not p.terminating and p.node_name]
@@ -65,6 +73,9 @@ def evaluate_budget(
     touched = {k.pod for k in w.records} | {pw.pod for pw in prev_warnings.values()}
     candidates = _move_all(w, limits, ns_pods, prev_warnings, touched)
     _unmeasured(w, ns_pods, {p.uid for p in matched})
+    steps.want_caps(w)
+    own = spec.enforcement.soft_limits
+    steps.want_soft_limits(w, limits, own == "Share" or (own is None and soft_limits))
     kept, new = warn.settle(candidates, state.config.max_status_entries, w.now)
     for m in new:
         steps.warn(w, m, limits.threshold)
@@ -170,7 +181,8 @@ def _status(
         m = w.measured.get(rec.key)
         known = rec.opened_at is not None and m is not None and m.over is not None
         impossible = steps.throttle_impossible(w, rec, m) if known and m is not None else None
-        return violation_entry(rec, m, lambda r, mm: steps.next_of(w, r, mm), impossible)
+        cap = steps.cap_status(w, rec, m) if known and m is not None else None
+        return violation_entry(rec, m, lambda r, mm: steps.next_of(w, r, mm), impossible, cap)
 
     facts = StatusFacts(matched, w.data, enforce, list(w.next_records.values()), w.measured, kept, count)
     return budget_status(budget, facts, w.now, w.config.max_status_entries, entry)

@@ -10,10 +10,10 @@ This module is the driver: it reads the pods' records, closes those whose
 budget is gone, evaluates the budgets one by one (``budget.evaluate_budget``,
 in namespace/name order), handing each the state merged from the results
 before it (``work.PassState``), then restores the CPU of pods no violation
-holds and writes the pod patches. The device-pressure rule
-(``pressure_out.evaluate_pressure``) runs after the budgets, on the facts
-they leave (which budgets select which pods, their limits, the pods they
-evict), and adds its decisions and status entries.
+holds, settles each pod's memory limits (``caps``) and writes the pod
+patches. The device-pressure rule (``pressure_out.evaluate_pressure``) runs
+after the budgets, on the facts they leave (which budgets select which pods,
+their limits, the pods they evict), and adds its decisions and status entries.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vramguard_api.budget import GPUMemoryBudget
-from vramguard_operator.engine import messages
+from vramguard_api.memlimits import DeviceMemoryLimit
+from vramguard_operator.engine import caps, messages
 from vramguard_operator.engine.budget import evaluate_budget
 from vramguard_operator.engine.inputs import EngineInput, PodFacts
 from vramguard_operator.engine.keys import (
+    ANNOTATION_MEMORY_LIMITS,
     ANNOTATION_MESSAGE,
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_VIOLATIONS,
@@ -35,12 +37,13 @@ from vramguard_operator.engine.keys import (
     ViolationKey,
 )
 from vramguard_operator.engine.ladder import Ladder
-from vramguard_operator.engine.measure import PodData, read_nodes
+from vramguard_operator.engine.measure import Node, PodData, read_nodes
 from vramguard_operator.engine.outputs import (
     BudgetStatusUpdate,
     Decision,
     EngineOutput,
     EventSpec,
+    PodMemoryLimits,
     PodPatch,
     Recover,
 )
@@ -69,7 +72,7 @@ def evaluate(inp: EngineInput) -> EngineOutput:
     pods_by_ns: dict[str, list[PodFacts]] = defaultdict(list)
     for pod in pods:
         pods_by_ns[pod.namespace].append(pod)
-    run = _Pass(PassState(now, inp.config, {p.uid: p for p in pods}))
+    run = _Pass(PassState(now, inp.config, {p.uid: p for p in pods}, nodes=nodes))
     run.read_pod_records(pods)
     budgets = sorted(inp.budgets, key=lambda b: (b.metadata.namespace or "", b.metadata.name or ""))
     run.recover_orphans({(b.metadata.namespace or "", b.metadata.name or ""): b.metadata.uid or "" for b in budgets})
@@ -79,15 +82,18 @@ def evaluate(inp: EngineInput) -> EngineOutput:
         exempt = ns in inp.policy.exempt_namespaces
         named = inp.device_limits.get(budget.metadata.uid or "", {})
         ns_pods = pods_by_ns.get(ns, [])
-        run.merge(evaluate_budget(budget, ns_pods, nodes, acting and not exempt, acting, run.state(), named))
+        soft = inp.policy.soft_limits
+        run.merge(evaluate_budget(budget, ns_pods, nodes, acting and not exempt, acting, run.state(), named, soft))
     pressure = evaluate_pressure(inp, nodes, run.selections, run.evicting, now)
     run.add_pressure(pressure, {(b.metadata.namespace or "", b.metadata.name or ""): b for b in budgets})
     run.restore()
+    run.settle_memory_limits()
     return EngineOutput(
         decisions=tuple(run.decisions),
         pod_patches=tuple(run.pod_patches()),
         statuses=tuple(run.statuses),
         evaluated_pairs=run.pairs,
+        memory_limits=tuple(run.memory_limits),
         problems=tuple(run.problems),
         devices=tuple(pressure.devices),
     )
@@ -109,6 +115,9 @@ class _Pass:
     dirty: set[str] = field(default_factory=set)
     throttle_targets: dict[str, set[str]] = field(default_factory=dict)
     ladders: dict[tuple[str, str], Ladder] = field(default_factory=dict)
+    limits_wants: dict[str, caps.LimitsWant] = field(default_factory=dict)
+    new_limits: dict[str, str | None] = field(default_factory=dict)
+    memory_limits: list[PodMemoryLimits] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     statuses: list[BudgetStatusUpdate] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -127,6 +136,7 @@ class _Pass:
             self.evicting,
             self.resized,
             self.new_original,
+            b.nodes,
         )
 
     def read_pod_records(self, pods: Iterable[PodFacts]) -> None:
@@ -187,6 +197,9 @@ class _Pass:
         self.pairs += result.pairs
         if result.selection is not None:
             self.selections.append(result.selection)
+        for uid, want in result.limits.items():
+            old = self.limits_wants.get(uid)
+            self.limits_wants[uid] = want if old is None else old.merged(want)
 
     def add_pressure(self, result: PressureResult, budgets: Mapping[tuple[str, str], GPUMemoryBudget]) -> None:
         """Add the device-pressure rule's decisions (after the budgets') and its
@@ -201,6 +214,39 @@ class _Pass:
                 budget = budgets[(upd.budget.namespace, upd.budget.name)]
                 status = with_entries(upd.status, entries, budget, b.now, b.config.max_status_entries)
                 self.statuses[i] = BudgetStatusUpdate(upd.budget, status)
+
+
+    def settle_memory_limits(self) -> None:
+        """Each pod's ``vramguard.io/memory-limits`` as the budgets want it
+        (``engine.caps``): kept as it is for a pod that is not running or whose
+        data cannot tell, else rewritten where it changes."""
+        b = self.base
+        for uid, pod in b.pods_by_uid.items():
+            want = self.limits_wants.get(uid)
+            text = pod.annotations.get(ANNOTATION_MEMORY_LIMITS)
+            if want is None and text is None:
+                continue
+            current, problem = caps.current_limits(pod)
+            node = b.nodes.get(pod.node_name or "")
+            if problem is not None:
+                self.problems.append(problem)
+            if (want is not None and want.hold) or pod.terminating or pod.phase != "Running":
+                self._note_limits(pod, current, node)
+                continue
+            desired = caps.desired_limits(current, want or caps.LimitsWant(), self.pod_data.get(uid), node)
+            try:
+                new = caps.annotation(desired)
+            except ValueError as err:  # a bound broken: keep what the pod has, say why
+                self.problems.append(f"pod {pod.namespace}/{pod.name}: {err}")
+                continue
+            if new != text:
+                self.new_limits[uid] = new
+                self.dirty.add(uid)
+            self._note_limits(pod, desired, node)
+
+    def _note_limits(self, pod: PodFacts, limits: Mapping[str, DeviceMemoryLimit], node: Node | None) -> None:
+        if limits:
+            self.memory_limits.append(PodMemoryLimits(pod.ref, dict(limits), caps.not_held(limits, pod, node)))
 
     def restore(self) -> None:
         """Put back the CPU of pods that no violation holds (``throttle.restore_unthrottled``)."""
@@ -231,6 +277,8 @@ class _Pass:
             if uid in self.new_original:
                 orig = self.new_original[uid]
                 want[ANNOTATION_ORIGINAL_CPU] = original_to_annotation(orig) if orig else None
+            if uid in self.new_limits:
+                want[ANNOTATION_MEMORY_LIMITS] = self.new_limits[uid]
             patch = {k: v for k, v in want.items() if pod.annotations.get(k) != v}
             if patch:
                 yield PodPatch(pod.ref, patch)

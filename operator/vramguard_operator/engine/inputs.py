@@ -45,12 +45,15 @@ class EffectivePolicy:
 
     ``mode``: cluster-wide mode; ``DryRun`` overrides every budget's ``Enforce``
     (a budget's own ``DryRun`` always holds). ``exempt_namespaces``: namespaces
-    where the engine returns no Annotate/Throttle/Evict (violations are still
-    reported in status and Events, as in DryRun).
+    where the engine returns no Annotate/Throttle/Cap/Evict (violations are
+    still reported in status and Events, as in DryRun). ``soft_limits``: a
+    policy asks for soft limits at each pod's share (``softLimits: Share``),
+    for the budgets that leave their own ``enforcement.softLimits`` unset.
     """
 
     mode: Mode = "Enforce"
     exempt_namespaces: frozenset[str] = frozenset({"kube-system"})
+    soft_limits: bool = False
 
     @classmethod
     def from_policy(cls, policy: GPUMemoryPolicy | None) -> EffectivePolicy:
@@ -58,7 +61,7 @@ class EffectivePolicy:
         if policy is None:
             return cls()
         exempt = frozenset(policy.spec.exempt_namespaces)
-        return cls(mode=policy.spec.mode, exempt_namespaces=exempt)
+        return cls(mode=policy.spec.mode, exempt_namespaces=exempt, soft_limits=policy.spec.soft_limits == "Share")
 
 
 @dataclass(frozen=True, slots=True)

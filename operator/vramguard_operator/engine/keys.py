@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramguard_api.budget import ViolationKind
+from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION
 
 # --- Annotation keys (all written by the operator on pods) -------------------
 
@@ -22,12 +23,20 @@ ANNOTATION_ORIGINAL_CPU = "vramguard.io/original-cpu"
 "request": "500m"}}`` (``null`` for an unset request). Present exactly while the
 pod is throttled by vramguard."""
 
+ANNOTATION_MEMORY_LIMITS = MEMORY_LIMITS_ANNOTATION
+"""Driver-enforced memory limits the pod's node agent applies: compact JSON
+``{"<GPU UUID>": {"hardLimit": bytes, "softLimit": bytes}}``
+(``vramguard_api.memlimits``). Written by the Cap step (hard limits) and by
+soft limits at each pod's share (``softLimits: Share``)."""
+
 # Event reasons (CamelCase, as Kubernetes Events use them).
 EVENT_ABOVE_WARNING = "AboveWarningThreshold"
 EVENT_LIMIT_EXCEEDED = "LimitExceeded"
 EVENT_LEAK_DETECTED = "LeakDetected"
 EVENT_THROTTLED = "Throttled"
 EVENT_THROTTLE_IMPOSSIBLE = "ThrottleImpossible"
+EVENT_CAPPED = "Capped"
+EVENT_CAP_IMPOSSIBLE = "CapImpossible"
 EVENT_EVICTING = "Evicting"
 EVENT_RECOVERED = "Recovered"
 EVENT_DRY_RUN = "DryRun"

@@ -2,7 +2,7 @@
 
 A violation's record moves through: none → pending (above the limit, within
 the tolerance) → open → steps fired one by one along the ladder (Annotate,
-Throttle, Evict) → closed (usage back under the limit with the recovery
+Throttle, Cap, Evict) → closed (usage back under the limit with the recovery
 margin). Unknown data holds it as it is. The functions here decide each move
 from one record and one measurement; they return values, word nothing and
 touch no pod: the budget's evaluation (``engine.budget``) turns them into
@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
 from vramguard_api.budget import Action, GPUMemoryBudgetSpec
+from vramguard_api.limits import DeviceLimit
 from vramguard_operator.engine.inputs import PodFacts
 from vramguard_operator.engine.measure import Measure
 from vramguard_operator.engine.records import ViolationRecord, step_rank, throttled
@@ -26,16 +27,18 @@ from vramguard_operator.engine.records import ViolationRecord, step_rank, thrott
 class LadderStep:
     """One rung: the action, its delay after the violation opened (seconds;
     ``inf`` for a leak's Evict that only the exhaustion projection brings
-    forward) and, for Throttle, the CPU limit to set."""
+    forward), for Throttle the CPU limit to set, and for Cap the level of the
+    hard limit per device (None: the violated limit, ``engine.caps``)."""
 
     action: Action
     after_seconds: float
     cpu_limit: str | None = None
+    hard_limit: DeviceLimit | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Ladder:
-    """The escalation ladder of a budget, ordered Annotate, Throttle, Evict."""
+    """The escalation ladder of a budget, ordered Annotate, Throttle, Cap, Evict."""
 
     steps: tuple[LadderStep, ...]
 
@@ -62,6 +65,7 @@ def ladder_of(spec: GPUMemoryBudgetSpec, default_cpu: str, leak: bool = False) -
             s.action,
             s.after_seconds(),
             (s.cpu_limit or default_cpu) if s.action == "Throttle" else None,
+            s.hard_limit if s.action == "Cap" else None,
         )
         for s in spec.enforcement.escalation
     ]

@@ -27,14 +27,18 @@ DataState = Literal["Fresh", "Stale", "Missing"]
 @dataclass(slots=True)
 class Node:
     """A node's report as the engine reads it: its state, the pods it measured by
-    uid, each device's usable memory (bytes, None when unknown), and whether the
-    report holds every GPU process on the node."""
+    uid, each device's usable memory (bytes, None when unknown), whether the
+    report holds every GPU process on the node, and for memory limits
+    (``engine.caps``) the devices that report them unsupported (uuid -> why)
+    and whether the agent applies them (``enforceCaps``; None: not said)."""
 
     state: DataState
     report: NodeGPUUsage | None = None
     by_uid: dict[str, PodUsage] = field(default_factory=dict)
     usable: dict[str, int | None] = field(default_factory=dict)
     complete: bool = True
+    limits_unsupported: dict[str, str] = field(default_factory=dict)
+    enforce_caps: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,12 @@ def read_nodes(reports: Mapping[str, NodeGPUUsage], now: datetime, freshness: fl
         node = Node("Fresh", rep, complete=complete)
         node.by_uid = {p.uid: p for p in st.pods}
         node.usable = {d.uuid: (d.memory.usable_bytes if d.memory else None) for d in st.devices}
+        node.limits_unsupported = {
+            d.uuid: f"{d.memory_limits_reason or 'Unsupported'}: {d.memory_limits_message or ''}".rstrip(": ")
+            for d in st.devices
+            if d.memory_limits == "Unsupported"
+        }
+        node.enforce_caps = st.agent.enforce_caps if st.agent is not None else None
         out[name] = node
     return out
 

@@ -11,19 +11,20 @@ and the next step with its time (docs/engine.md, "The ladder").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from vramguard_api.budget import Action
 from vramguard_api.units import format_bytes, format_seconds
+from vramguard_api.usage import PodMemoryLimit
 from vramguard_operator.engine.keys import ANNOTATION_ORIGINAL_CPU, BudgetRef, ViolationKey
 from vramguard_operator.engine.ladder import Ladder
 from vramguard_operator.engine.measure import Measure
 from vramguard_operator.engine.pressure import Occupant, Verdict
 from vramguard_operator.engine.records import ViolationRecord, format_time
 
-_VERB = {"Annotate": "annotate", "Throttle": "throttle", "Evict": "evict"}
-_DONE = {"Annotate": "annotated", "Throttle": "throttled", "Evict": "evicting"}
+_VERB = {"Annotate": "annotate", "Throttle": "throttle", "Cap": "cap", "Evict": "evict"}
+_DONE = {"Annotate": "annotated", "Throttle": "throttled", "Cap": "capped", "Evict": "evicting"}
 _WHAT = {
     "PodVRAM": "VRAM",
     "PodRAM": "RAM",
@@ -73,9 +74,11 @@ def step_text(
     next_time: datetime | None,
     done: Action | None,
     cpu: str | None = None,
+    done_text: str | None = None,
 ) -> str:
     """The Event text of a step: budget, subject, measured value, limit and since
-    when, what was ``done`` (the CPU limit ``cpu`` for Throttle), next step and when."""
+    when, what was ``done`` (the CPU limit ``cpu`` for Throttle; ``done_text``,
+    when given, says it instead), next step and when."""
     key = rec.key
     head = f"budget {budget.namespace}/{budget.name}: "
     if key.kind == "Leak":
@@ -85,7 +88,9 @@ def step_text(
             f"{subject(key)} is {format_bytes(m.observed)}, above its {key.kind} limit "
             f"{format_bytes(m.limit)} since {format_time(rec.since)}."
         )
-    if done == "Throttle":
+    if done_text is not None:
+        head += f" {done_text}"
+    elif done == "Throttle":
         head += f" Throttled: CPU limit set to {cpu}."
     elif done is not None:
         head += f" {_DONE[done].capitalize()}."
@@ -109,6 +114,39 @@ def throttle_reapplied_text(text: str, cpu: str) -> str:
 def throttle_impossible_text(text: str, reason: str) -> str:
     """A Throttle step that could resize no container."""
     return f"{text} Throttle impossible: {reason}"
+
+
+def capped_text(hard: Mapping[str, int], floors: Mapping[str, int]) -> str:
+    """What a Cap step set: the hard limit per device and, where it starts above
+    its level (``floors``), that it follows the pod's use down to the level."""
+    parts = []
+    for uuid in sorted(hard):
+        part = f"{format_bytes(hard[uuid])} on {uuid}"
+        if hard[uuid] > floors.get(uuid, hard[uuid]):
+            part += f", down to {format_bytes(floors[uuid])} as the pod frees memory"
+        parts.append(part)
+    return f"Capped: GPU memory hard limit {'; '.join(parts)}."
+
+
+def cap_impossible_text(text: str, reason: str) -> str:
+    """A Cap step that could set no limit."""
+    return f"{text} Cap impossible: {reason}"
+
+
+def cap_status_text(devices: Sequence[tuple[str, PodMemoryLimit | None]], impossible: str | None) -> str:
+    """How a fired Cap stands, for the status message: impossible and why, or per
+    device what the node agent reports (held, pending, failed and why)."""
+    if impossible is not None:
+        return f"cap impossible: {impossible}"
+    parts = []
+    for uuid, e in devices:
+        if e is None:
+            parts.append(f"cap on {uuid}: not reported yet")
+        elif e.state == "Applied" and e.hard_limit_bytes is not None:
+            parts.append(f"cap on {uuid}: {format_bytes(e.hard_limit_bytes)} held")
+        else:
+            parts.append(f"cap on {uuid}: {e.state} ({e.reason})" + (f": {e.message}" if e.message else ""))
+    return "; ".join(parts)
 
 
 def recovered_text(budget: BudgetRef, key: ViolationKey, observed: int, limit: int, cause: str) -> str:
@@ -142,9 +180,15 @@ def warning_text(budget: BudgetRef, m: Measure, threshold: float, next_action: A
 
 
 def violation_message(
-    rec: ViolationRecord, m: Measure | None, observed: int | None, limit: int | None, throttle_impossible: str | None
+    rec: ViolationRecord,
+    m: Measure | None,
+    observed: int | None,
+    limit: int | None,
+    throttle_impossible: str | None,
+    cap: str | None = None,
 ) -> str:
-    """The message of a ``status.violations`` entry (at most 1024 characters)."""
+    """The message of a ``status.violations`` entry (at most 1024 characters);
+    ``cap``: how its Cap stands (``cap_status_text``)."""
     if rec.opened_at is None:
         msg = f"above the limit since {format_time(rec.since)}, within the tolerance"
     elif m is None or m.over is None:
@@ -153,6 +197,8 @@ def violation_message(
         msg = leak_detail(m) or f"{subject(rec.key)} {format_bytes(observed)} > {format_bytes(limit)}"
         if throttle_impossible is not None:
             msg += f"; throttle impossible: {throttle_impossible}"
+        if cap:
+            msg += f"; {cap}"
     return msg[:1024]
 
 

@@ -11,10 +11,11 @@ from datetime import datetime
 from typing import Literal
 
 from vramguard_api.budget import Action, GPUMemoryBudgetStatus
+from vramguard_api.memlimits import DeviceMemoryLimit
 from vramguard_operator.engine.keys import BudgetRef, PodRef, ViolationKey
 from vramguard_operator.engine.pressure import VerdictKind
 
-DecisionAction = Literal["Warn", "Annotate", "Throttle", "Evict", "Recover"]
+DecisionAction = Literal["Warn", "Annotate", "Throttle", "Cap", "Evict", "Recover"]
 EventType = Literal["Normal", "Warning"]
 
 
@@ -109,6 +110,24 @@ class Throttle(DecisionBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Cap(DecisionBase):
+    """The Cap step fired on ``pod``: post the Event. The hard limits themselves
+    (``hard_limits``: bytes by GPU UUID, as first written) are in the pod patch
+    (``vramguard.io/memory-limits``), which the pod's node agent applies.
+    ``impossible_reason`` is set (and ``hard_limits`` empty) when no device of
+    the pod can hold a limit (RAM, a MIG device, a device that reports memory
+    limits unsupported, an agent without ``--enforce-caps``); the step still
+    counts as fired, and the reason goes to the Event and the budget status."""
+
+    hard_limits: Mapping[str, int]
+    impossible_reason: str | None = None
+
+    @property
+    def action(self) -> DecisionAction:
+        return "Cap"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Evict(DecisionBase):
     """Evict ``pod`` through the Eviction API (level-triggered: see module doc).
 
@@ -155,8 +174,8 @@ class DryRunStep(DecisionBase):
         return self.would
 
 
-Decision = Warn | Annotate | Throttle | Evict | Recover | DryRunStep
-SIDE_EFFECT_DECISIONS: tuple[type, ...] = (Annotate, Throttle, Evict)
+Decision = Warn | Annotate | Throttle | Cap | Evict | Recover | DryRunStep
+SIDE_EFFECT_DECISIONS: tuple[type, ...] = (Annotate, Throttle, Cap, Evict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +185,18 @@ class PodPatch:
 
     pod: PodRef
     annotations: Mapping[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class PodMemoryLimits:
+    """A pod's driver-enforced memory limits as one evaluation leaves them
+    (written, or kept as they are on unknown data): bytes by GPU UUID, as in
+    ``vramguard.io/memory-limits``. ``not_held``: the devices where the pod's
+    node agent does not report its hard limit ``Applied``. For metrics."""
+
+    pod: PodRef
+    limits: Mapping[str, DeviceMemoryLimit]
+    not_held: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +236,8 @@ class EngineOutput:
     statuses: tuple[BudgetStatusUpdate, ...]
     evaluated_pairs: int = 0
     """Number of (budget, selected pod) pairs evaluated; for metrics and the benchmark."""
+    memory_limits: tuple[PodMemoryLimits, ...] = ()
+    """Every pod with driver-enforced memory limits after this evaluation."""
     problems: tuple[str, ...] = ()
     """Malformed state found on objects (e.g. an unparsable annotation entry, which
     is skipped); for the operator's log. Each names the object, field and value."""

@@ -68,13 +68,22 @@ class ViolationRecord:
 
 
 def step_rank(step: Action | None) -> int:
-    """Position of ``step`` along Annotate < Throttle < Evict; -1 for None."""
+    """Position of ``step`` along Annotate < Throttle < Cap < Evict; -1 for None."""
     return -1 if step is None else ACTIONS.index(step)
+
+
+_THROTTLE_RANK = ACTIONS.index("Throttle")
+_CAP_RANK = ACTIONS.index("Cap")
 
 
 def throttled(rec: ViolationRecord) -> bool:
     """Whether a Throttle step really fired for ``rec`` (not only in a dry run)."""
-    return step_rank(rec.step) >= step_rank("Throttle") and not rec.dry_run
+    return step_rank(rec.step) >= _THROTTLE_RANK and not rec.dry_run
+
+
+def capped(rec: ViolationRecord) -> bool:
+    """Whether ``rec`` reached its Cap step for real (not only in a dry run)."""
+    return step_rank(rec.step) >= _CAP_RANK and not rec.dry_run
 
 
 # --- time ------------------------------------------------------------------------

@@ -102,10 +102,15 @@ def usage(data: Sequence[PodData], budget: GPUMemoryBudget) -> BudgetUsage:
 
 
 def violation_entry(
-    rec: ViolationRecord, m: Measure | None, next_step: NextStep, throttle_impossible: str | None
+    rec: ViolationRecord,
+    m: Measure | None,
+    next_step: NextStep,
+    throttle_impossible: str | None,
+    cap: str | None = None,
 ) -> Violation:
     """One ``status.violations`` entry: the record, the latest measurement ``m``
-    (None when not measured), the next step and why a Throttle could not resize."""
+    (None when not measured), the next step, why a Throttle could not resize
+    and how a Cap stands (``messages.cap_status_text``)."""
     observed = m.observed if m is not None and m.observed is not None else rec.observed_bytes
     limit = m.limit if m is not None else rec.limit_bytes
     nxt, nxt_time = next_step(rec, m)
@@ -123,7 +128,7 @@ def violation_entry(
         nextStep=nxt,
         nextStepTime=nxt_time,
         evictTargetUID=rec.evict_target_uid,
-        message=messages.violation_message(rec, m, observed, limit, throttle_impossible),
+        message=messages.violation_message(rec, m, observed, limit, throttle_impossible, cap),
     )
 
 

@@ -47,7 +47,12 @@ Recover for the same pod in one output):
 2. Recover with ``restore``: resize first; write the pod patch (which removes
    ``vramguard.io/original-cpu``) only when the resize succeeded, so that a
    failed restore is retried at the next evaluation.
-3. Evict: write the pod patch (if any), then call the Eviction API. Evict is
+3. Cap: write the pod patch (it holds ``vramguard.io/memory-limits``, which
+   the pod's node agent applies); the decision itself carries only the Event.
+   Cap is level-triggered through that annotation: each evaluation derives
+   the limits the pod should have from its records and its use, and the patch
+   changes the annotation only when they change (``engine.caps``).
+4. Evict: write the pod patch (if any), then call the Eviction API. Evict is
    level-triggered: it is returned at every evaluation while it is due and the
    pod exists and is not terminating, so a 429 (PodDisruptionBudget) or a
    rate-limited eviction is simply retried later. The pod terminating or
@@ -69,11 +74,14 @@ from vramguard_operator.engine.inputs import (
     PodFacts,
 )
 from vramguard_operator.engine.keys import (
+    ANNOTATION_MEMORY_LIMITS,
     ANNOTATION_MESSAGE,
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_PREFIX,
     ANNOTATION_VIOLATIONS,
     EVENT_ABOVE_WARNING,
+    EVENT_CAP_IMPOSSIBLE,
+    EVENT_CAPPED,
     EVENT_DEVICE_PRESSURE,
     EVENT_DEVICE_WILL_RUN_OUT,
     EVENT_DRY_RUN,
@@ -91,6 +99,7 @@ from vramguard_operator.engine.outputs import (
     SIDE_EFFECT_DECISIONS,
     Annotate,
     BudgetStatusUpdate,
+    Cap,
     ContainerCPU,
     Decision,
     DecisionAction,
@@ -101,6 +110,7 @@ from vramguard_operator.engine.outputs import (
     EventSpec,
     EventType,
     Evict,
+    PodMemoryLimits,
     PodPatch,
     Recover,
     Throttle,
@@ -110,6 +120,7 @@ from vramguard_operator.engine.pressure import PressureRule
 from vramguard_operator.engine.records import ViolationRecord
 
 __all__ = [
+    "ANNOTATION_MEMORY_LIMITS",
     "ANNOTATION_MESSAGE",
     "ANNOTATION_ORIGINAL_CPU",
     "ANNOTATION_PREFIX",
@@ -119,6 +130,8 @@ __all__ = [
     "EVENT_ABOVE_WARNING",
     "EVENT_DEVICE_PRESSURE",
     "EVENT_DEVICE_WILL_RUN_OUT",
+    "EVENT_CAPPED",
+    "EVENT_CAP_IMPOSSIBLE",
     "EVENT_DRY_RUN",
     "EVENT_EVICTING",
     "EVENT_LEAK_DETECTED",
@@ -131,6 +144,7 @@ __all__ = [
     "Annotate",
     "BudgetRef",
     "BudgetStatusUpdate",
+    "Cap",
     "ContainerCPU",
     "ContainerFacts",
     "Decision",
@@ -146,6 +160,7 @@ __all__ = [
     "EventType",
     "Evict",
     "PodFacts",
+    "PodMemoryLimits",
     "PodPatch",
     "PodRef",
     "PressureRule",

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from vramguard_api.budget import Action, GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_operator.engine.caps import LimitsWant
 from vramguard_operator.engine.inputs import EngineConfig, PodFacts
 from vramguard_operator.engine.keys import BudgetRef, ViolationKey
 from vramguard_operator.engine.ladder import Ladder
@@ -42,7 +43,8 @@ class PassState:
     the pods a total's Throttle re-apply may reach). ``evicting``: pods an
     Evict was returned for (one per pod per evaluation). ``resized``: pods as
     a Throttle left them (planned from their new resources). ``new_original``:
-    the ``vramguard.io/original-cpu`` content to write per pod."""
+    the ``vramguard.io/original-cpu`` content to write per pod. ``nodes``: the
+    node reports as read at ``now``."""
 
     now: datetime
     config: EngineConfig
@@ -52,6 +54,7 @@ class PassState:
     evicting: AbstractSet[str] = frozenset()
     resized: Mapping[str, PodFacts] = field(default_factory=dict)
     new_original: Mapping[str, Original] = field(default_factory=dict)
+    nodes: Mapping[str, Node] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +79,8 @@ class BudgetResult:
     violations that throttled it (what a restore may undo); ``ladder``: the
     budget's ladder (None for an invalid spec), for the pod message;
     ``pairs``: the pods it selects; ``selection``: what the device-pressure
-    rule reads of it (None for an invalid spec). The other fields add to
+    rule reads of it (None for an invalid spec); ``limits``: per pod, what the
+    budget wants of its memory limits (``engine.caps``). The other fields add to
     ``PassState``'s."""
 
     ref: BudgetRef
@@ -92,6 +96,7 @@ class BudgetResult:
     ladder: Ladder | None = None
     pairs: int = 0
     selection: Selection | None = None
+    limits: Mapping[str, LimitsWant] = field(default_factory=dict)
 
 
 class Fire(NamedTuple):
@@ -127,6 +132,7 @@ class BudgetWork:
         self._resized: dict[str, PodFacts] = {}
         self._new_original: dict[str, Original] = {}
         self._throttle_targets: dict[str, set[str]] = {}
+        self._limits: dict[str, LimitsWant] = {}
 
     def ladder_for(self, key: ViolationKey) -> Ladder:
         """The ladder a violation follows (a leak's may have an extra Evict rung)."""
@@ -228,6 +234,11 @@ class BudgetWork:
         self._resized[pod.uid] = pod
         self._dirty.add(pod.uid)
 
+    def want_limits(self, uid: str, want: LimitsWant) -> None:
+        """Add what this budget wants of the pod's memory limits."""
+        old = self._limits.get(uid)
+        self._limits[uid] = want if old is None else old.merged(want)
+
     def emit(self, cls: type[DecisionBase], f: Fire, pod: PodData | None, event: EventSpec, **extra: Any) -> None:
         """Append a decision of ``cls`` about ``f``'s violation on ``pod`` (None: the
         budget); ``extra``: the fields of ``cls`` itself."""
@@ -262,4 +273,5 @@ class BudgetWork:
             ladder=self.ladder,
             pairs=pairs,
             selection=selection,
+            limits=self._limits,
         )

@@ -157,6 +157,8 @@ FIELDS: dict[str, tuple[Reader, Combiner]] = {
     "pressure_min_free_bytes": (_pressure_bytes, _largest),
     "pressure_protect_shares": (_pressure_protect, _largest),  # True beats False
     "pressure_action": (_pressure_action, _first),
+    # Share wins: a guarantee for the pods within their share (like injectFrameworkCaps, opt-in by any policy)
+    "soft_limits": (lambda p: True if p.spec.soft_limits == "Share" else None, _first),
 }
 """MergedPolicy field -> (reader of one policy's value or None, combiner)."""
 
@@ -180,5 +182,6 @@ FIELD_PATHS = {
     "pressure_min_free_bytes": "devicePressure.minFree",
     "pressure_protect_shares": "devicePressure.protectShares",
     "pressure_action": "devicePressure.action",
+    "soft_limits": "softLimits",
 }
 """MergedPolicy field -> the spec path it comes from, as status and docs name it."""

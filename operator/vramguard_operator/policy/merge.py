@@ -90,6 +90,7 @@ class MergedPolicy:
     pressure_min_free_bytes: Sourced[int] | None = None
     pressure_protect_shares: Sourced[bool] | None = None
     pressure_action: Sourced[str] | None = None
+    soft_limits: Sourced[bool] | None = None
     invalid: tuple[str, ...] = ()
 
     @property

@@ -355,6 +355,7 @@ def namespace_policies(
             EffectivePolicy(
                 mode=merged.effective_mode,
                 exempt_namespaces=frozenset({ns}) if held else frozenset(),
+                soft_limits=merged.soft_limits is not None,
             ),
             merged.policies or (EvictionLimiter.DEFAULT_SCOPE,),
         )

@@ -28,7 +28,7 @@ from vramguard_operator.policy.ceilings import CeilingCheck, FieldError, check_c
 from vramguard_operator.policy.merge import merge
 
 TOTAL_KINDS: frozenset[ViolationKind] = frozenset({"TotalVRAM", "TotalRAM"})
-BLOCKING_STEPS = frozenset({"Throttle", "Evict"})
+BLOCKING_STEPS = frozenset({"Throttle", "Cap", "Evict"})
 
 
 def parse_budget(obj: Mapping[str, Any] | GPUMemoryBudget) -> GPUMemoryBudget | list[FieldError]:

@@ -64,6 +64,17 @@ def test_ladder_sorted_and_defaults():
             [{"action": "Annotate", "after": "5m"}, {"action": "Evict", "after": "1m"}],
             "escalation delays must increase",
         ),
+        (
+            "spec.enforcement.escalation",
+            [{"action": "Evict", "after": "5m"}, {"action": "Cap", "after": "10m"}],
+            "escalation delays must increase along Annotate, Throttle, Cap, Evict",
+        ),
+        (
+            "spec.enforcement.escalation",
+            [{"action": "Evict", "after": "5m", "hardLimit": {"vram": "10Gi"}}],
+            "hardLimit is only valid on a Cap step",
+        ),
+        ("spec.enforcement.softLimits", "Always", "spec.enforcement.softLimits"),
         ("spec.tolerance", {"duration": "soon"}, "tolerance.duration"),
         ("spec.warningThreshold", 1.5, "warningThreshold"),
         ("spec.limits.perPod", {"vram": "1Gi", "vramm": "1Gi"}, "vramm"),
@@ -84,6 +95,14 @@ def test_examples_validate_against_models():
                 kinds[doc["kind"]].model_validate(doc)
                 seen.add(doc["kind"])
     assert seen == set(kinds)
+
+
+def test_a_cap_sorts_between_throttle_and_evict():
+    ladder = [{"action": "Evict", "after": "15m"}, {"action": "Cap", "after": "10m", "hardLimit": {"fraction": 0.3}},
+              {"action": "Throttle", "after": "5m"}]
+    b = GPUMemoryBudget.model_validate(budget_with("spec.enforcement.escalation", ladder))
+    assert [s.action for s in b.spec.enforcement.escalation] == ["Throttle", "Cap", "Evict"]
+    assert b.spec.enforcement.escalation[1].hard_limit.bytes_for(80 * 2**30) == int(0.3 * 80 * 2**30)
 
 
 def test_device_limit_bytes_for_fraction():

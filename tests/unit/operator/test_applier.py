@@ -5,6 +5,7 @@ definite refusal; exempt namespaces still get their cleanup."""
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -21,10 +22,12 @@ from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyRe
 from vramguard_operator.controller.events import EventRecorder, ObjectRef
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.engine.types import (
+    ANNOTATION_MEMORY_LIMITS,
     ANNOTATION_ORIGINAL_CPU,
     ANNOTATION_VIOLATIONS,
     BudgetRef,
     BudgetStatusUpdate,
+    Cap,
     ContainerCPU,
     EngineOutput,
     EventSpec,
@@ -120,8 +123,6 @@ def stub() -> Iterator[StubAPI]:
 
 
 def paths(stub: StubAPI, method: str, pattern: str) -> list[str]:
-    import re
-
     return [r.path for r in stub.requests if r.method == method and re.search(pattern, r.path)]
 
 
@@ -238,3 +239,38 @@ def test_an_event_post_that_hangs_times_out(stub):
     started = time.monotonic()
     recorder.post(ObjectRef("v1", "Pod", "ml", "w0", "uid-w0"), EventSpec("Normal", "R", "m"))
     assert time.monotonic() - started < 1.5
+
+
+# --- a cap --------------------------------------------------------------------------------
+
+
+def cap(impossible: str | None = None) -> Cap:
+    hard = {} if impossible else {"GPU-0": 45 << 30}
+    return Cap(hard_limits=hard, impossible_reason=impossible, **common())
+
+
+def test_a_cap_is_its_patch_written_first_then_its_event(stub):
+    applier, metrics, _ = make(stub.api_client())
+    applier.apply(output(cap(), patch={ANNOTATION_MEMORY_LIMITS: '{"GPU-0":{"hardLimit":48318382080}}'}), ctx())
+    patch, event = [r for r in stub.requests if r.method in ("PATCH", "POST")][:2]
+    assert re.search(POD_PATH, patch.path) and ANNOTATION_MEMORY_LIMITS in patch.body["metadata"]["annotations"]
+    assert re.search(EVENTS, event.path)
+    assert count(metrics, "Cap", "success") == 1
+    applier.apply(output(cap("GPU-0 does not support per-cgroup memory limits")), ctx())
+    assert count(metrics, "Cap", "impossible") == 1
+
+
+def test_a_cap_whose_patch_fails_is_not_explained_as_done(stub):
+    stub.respond("PATCH", POD_PATH, (500, status_body(500, "InternalError")))
+    applier, metrics, _ = make(stub.api_client())
+    applier.apply(output(cap(), patch={ANNOTATION_MEMORY_LIMITS: '{"GPU-0":{"hardLimit":48318382080}}'}), ctx())
+    assert count(metrics, "Cap", "failed") == 1 and count(metrics, "Cap", "success") == 0
+
+
+def test_exempt_namespace_refuses_a_cap_and_its_limits(stub):
+    applier, metrics, _ = make(stub.api_client())
+    applier.apply(output(cap(), patch={ANNOTATION_MEMORY_LIMITS: '{"GPU-0":{"hardLimit":48318382080}}'}),
+                  ctx(frozenset({"ml"})))
+    assert not paths(stub, "PATCH", POD_PATH) and count(metrics, "Cap", "skipped") == 1
+    applier.apply(output(patch={ANNOTATION_MEMORY_LIMITS: None}), ctx(frozenset({"ml"})))
+    assert paths(stub, "PATCH", POD_PATH)  # removing limits is cleanup: allowed

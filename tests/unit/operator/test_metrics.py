@@ -103,3 +103,26 @@ def test_usage_ratio_and_leak_series_follow_warnings_and_violations():
     m.forget_budgets(keep=[], namespaces=["ml"])
     assert b"vramguard_budget_usage_ratio{" not in generate_latest(reg)
     assert b"vramguard_leak_suspected{" not in generate_latest(reg)
+
+
+def test_memory_limit_gauges_count_pods_per_namespace_and_kind():
+    from vramguard_api.memlimits import DeviceMemoryLimit
+    from vramguard_operator.engine.types import PodMemoryLimits, PodRef
+
+    reg = CollectorRegistry()
+    m = Metrics(reg)
+    capped = PodMemoryLimits(PodRef("ml", "a", "u-a"), {"GPU-0": DeviceMemoryLimit(0, 40 << 30)}, ("GPU-0",))
+    shared = PodMemoryLimits(PodRef("ml", "b", "u-b"), {"GPU-0": DeviceMemoryLimit(20 << 30, None)})
+    both = PodMemoryLimits(PodRef("ml", "c", "u-c"), {"GPU-1": DeviceMemoryLimit(20 << 30, 30 << 30)})
+    m.set_memory_limits(["ml", "other"], [capped, shared, both])
+    get = reg.get_sample_value
+    assert get("vramguard_pod_memory_limits", {"namespace": "ml", "limit": "hard"}) == 2
+    assert get("vramguard_pod_memory_limits", {"namespace": "ml", "limit": "soft"}) == 2
+    assert get("vramguard_pod_memory_limits_not_held", {"namespace": "ml"}) == 1
+    assert get("vramguard_pod_memory_limits", {"namespace": "other", "limit": "hard"}) is None
+    m.set_memory_limits(["other"], [])  # another group's namespaces: ml's series stay
+    assert get("vramguard_pod_memory_limits", {"namespace": "ml", "limit": "hard"}) == 2
+    m.set_memory_limits(["ml"], [shared])
+    assert get("vramguard_pod_memory_limits", {"namespace": "ml", "limit": "hard"}) is None
+    assert get("vramguard_pod_memory_limits_not_held", {"namespace": "ml"}) is None
+    assert get("vramguard_pod_memory_limits", {"namespace": "ml", "limit": "soft"}) == 1

@@ -183,3 +183,13 @@ def test_config_from_env_reads_durations_and_names_bad_values():
         OperatorConfig.from_env({"VRAMGUARD_DEBOUNCE": "soon"})
     with pytest.raises(ValueError, match="VRAMGUARD_EVICTION_BURST"):
         OperatorConfig.from_env({"VRAMGUARD_EVICTION_BURST": "-1"})
+
+
+def test_soft_limits_of_a_policy_reach_the_engine_and_split_the_groups():
+    pols = namespace_policies(
+        {"guard": policy("guard", softLimits="Share", namespaceSelector={"matchLabels": {"guard": "on"}})},
+        {"ml": {"guard": "on"}, "web": {}},
+        ["ml", "web"],
+    )
+    assert pols["ml"].effective.soft_limits and not pols["web"].effective.soft_limits
+    assert pols["ml"].effective != pols["web"].effective  # evaluated in separate groups

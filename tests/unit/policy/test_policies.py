@@ -198,3 +198,12 @@ def test_policy_status_invalid_selector() -> None:
         lone = stale_policy("bad", {"key": "k", "operator": "In", "values": []}, exemptNamespaces=["ml"])
         st = policy_status(lone, [lone], namespaces, NOW)
         assert st.conditions and (st.conditions[0].status, st.conditions[0].reason) == ("False", "InvalidSpec")
+
+
+def test_soft_limits_share_wins_when_any_applying_policy_asks() -> None:
+    off = policy("a", softLimits="Off")
+    share = policy("b", softLimits="Share", namespaceSelector={"matchLabels": {"team": "ml"}})
+    assert merge([off, share], "ml", {"team": "ml"}).soft_limits is not None
+    assert merge([off, share], "ml", {"team": "ml"}).soft_limits.policy == "b"  # type: ignore[union-attr]
+    assert merge([off, share], "web", {}).soft_limits is None  # b does not select web
+    assert merge([off], "ml", {}).soft_limits is None

@@ -253,7 +253,7 @@ def test_render_columns_namespace_and_wide():
                                 "warning"]
     assert render(rows, all_namespaces=True).splitlines()[1].startswith("ml ")
     wide = render(rows, wide=True).splitlines()
-    assert wide[0].split()[-2:] == ["LIMITS", "WHY"] and "pod 20Gi (gmb/train)" in wide[1]
+    assert wide[0].split()[-3:] == ["LIMITS", "CAPS", "WHY"] and "pod 20Gi (gmb/train)" in wide[1]
     assert json.loads(json.dumps(rows_json(rows)))[0]["limits"][0]["ratio"] == pytest.approx(1.2)
 
 
@@ -287,3 +287,21 @@ def test_budget_totals_are_per_namespace_when_two_budgets_share_a_name():
     rows = rows_of(snap)
     assert [lim.used_bytes for lim in rows["a"].limits if lim.name == "total"] == [30 * GI]
     assert [lim.used_bytes for lim in rows["b"].limits if lim.name == "total"] == [5 * GI]
+
+
+def test_caps_show_what_the_agent_holds_else_what_is_asked_and_unsupported_devices():
+    held = {"uuid": GPU0, "state": "Applied", "reason": "Applied", "hardLimitBytes": 45 * GI,
+            "softLimitBytes": 20 * GI, "currentUsedBytes": 44 * GI}
+    capped = usage("w0", 44 * GI, devices={GPU0: 44 * GI})
+    capped["memoryLimits"] = [held]
+    asked = pod("w1", annotations={"vramguard.io/memory-limits": json.dumps({GPU1: {"softLimit": 20 * GI}})})
+    rep = report([capped, usage("w1", 1 * GI, devices={GPU1: GI}), usage("w2", 2 * GI, devices={GPU1: 2 * GI})])
+    rep["status"]["devices"][1].update(memoryLimits="Unsupported", memoryLimitsReason="DriverTooOld")
+    snap = Snapshot(pods=[pod("w0"), asked, pod("w2")], reports=[rep], now=NOW)
+    rows = rows_of(snap)
+    assert rows["w0"].state == "capped" and rows["w1"].state == "ok"
+    wide = {line.split()[0]: line for line in render(list(rows.values()), wide=True).splitlines()}
+    assert "gpu0 hard 45Gi soft 20Gi Applied" in wide["w0"]
+    assert "gpu1 soft 20Gi Wanted (NotReported)" in wide["w1"]
+    assert "gpu1 Unsupported (DriverTooOld)" in wide["w2"]
+    assert rows_json([rows["w0"]])[0]["caps"][0]["hard_bytes"] == 45 * GI

@@ -16,11 +16,13 @@ What is read (all through the API, nothing from the operator's memory):
   ``vramguard.io/limits`` (``node/time-slicing:4``, ``vgpu/usable``,
   ``mig/1g.5gb``, ``policy/<name>``, ...);
 - the pod annotations ``vramguard.io/violations`` (open violations that reached
-  a step) and ``vramguard.io/original-cpu`` (throttled);
+  a step), ``vramguard.io/original-cpu`` (throttled) and
+  ``vramguard.io/memory-limits`` (capped, soft limits), with what the node
+  agent reports it holds (``-o wide``: the CAPS column);
 - below the pods, the devices a device-pressure rule applies to (``devices``):
   free memory, the free memory the rule keeps, and what vramguard does there.
 
-Modules: ``model`` (the snapshot and the rows, as data), ``limits`` and
+Modules: ``model`` (the snapshot and the rows, as data), ``limits``, ``caps`` and
 ``rows`` (``build_rows``: a ``Snapshot`` in, ``Row``s out; pure), ``devices``
 (``build_devices``: the device-pressure table; pure), ``render``
 (text and JSON; pure), ``command`` (the flags, the reads through

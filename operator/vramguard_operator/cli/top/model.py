@@ -11,7 +11,7 @@ from typing import Any
 DEFAULT_FRESHNESS_S = 60.0
 
 # States, most severe first; a pod shows the first that holds.
-STATES = ("leak", "throttled", "violating", "warning", "ok")
+STATES = ("leak", "capped", "throttled", "violating", "warning", "ok")
 _SEVERITY = {s: len(STATES) - i for i, s in enumerate(STATES)}
 # Limit paths of a budget's spec and status.limitSources, and their short names in the table.
 LIMIT_NAMES = {
@@ -72,12 +72,27 @@ class Limit:
 
 
 @dataclass(frozen=True)
+class CapFigure:
+    """A pod's driver-enforced memory limits on one device (bytes, None: none):
+    ``state`` and ``reason`` as its node agent reports them (``Applied``,
+    ``Pending``, ``Failed``, ``Unsupported``, ``Disabled``), ``Wanted`` while the
+    annotation's limits are not reported yet."""
+
+    label: str
+    uuid: str
+    hard_bytes: int | None
+    soft_bytes: int | None
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Row:
     """One pod in the table. ``pressure``: the highest usage/limit ratio over its
     limits (None without a measured limit); ``growth_bytes_per_hour`` from the
     agent's trend features; ``why``: the violations and warnings behind
     ``state``; ``stale``: its node's report is older than the freshness bound
-    (or missing)."""
+    (or missing); ``caps``: its driver-enforced memory limits per device."""
 
     namespace: str
     pod: str
@@ -92,6 +107,7 @@ class Row:
     why: tuple[str, ...]
     pressure: float | None
     stale: bool
+    caps: tuple[CapFigure, ...] = ()
 
     @property
     def binding(self) -> Limit | None:
@@ -102,6 +118,6 @@ class Row:
         return self.limits[0] if self.limits else None
 
     def sort_key(self) -> tuple[int, float, str, str]:
-        """State first (leak, throttled, violating, warning, ok), then pressure."""
+        """State first (leak, capped, throttled, violating, warning, ok), then pressure."""
         return (-_SEVERITY[self.state], -(self.pressure or 0.0), self.namespace, self.pod)
 

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from vramguard_api.units import format_bytes
+from vramguard_operator.cli.top.caps import caps_text
 from vramguard_operator.cli.top.devices import DeviceRow
 from vramguard_operator.cli.top.model import DeviceFigure, Row
 
@@ -40,7 +41,7 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     if wide:
-        header += ["LIMITS", "WHY"]
+        header += ["LIMITS", "CAPS", "WHY"]
     out = [header]
     for r in rows:
         bind = r.binding
@@ -61,6 +62,7 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
             cells.insert(0, r.namespace)
         if wide:
             cells.append(", ".join(f"{x.name} {format_bytes(x.limit_bytes)} ({x.source})" for x in r.limits) or "-")
+            cells.append(caps_text(r.caps))
             cells.append("; ".join(r.why) or "-")
         out.append(cells)
     return out
@@ -114,6 +116,7 @@ def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
         d["devices"] = [asdict(x) for x in r.devices]
         d["limits"] = [{**asdict(x), "ratio": x.ratio} for x in r.limits]
         d["why"] = list(r.why)
+        d["caps"] = [asdict(x) for x in r.caps]
         out.append(d)
     return out
 

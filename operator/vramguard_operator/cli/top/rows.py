@@ -9,6 +9,7 @@ from typing import Any
 
 from vramguard_api.budget import DEFAULT_WARNING_THRESHOLD
 from vramguard_api.units import format_bytes
+from vramguard_operator.cli.top.caps import cap_figures, is_capped
 from vramguard_operator.cli.top.limits import (
     BudgetView,
     Totals,
@@ -78,8 +79,10 @@ def _state(
     budgets: Sequence[BudgetView],
     limits: Sequence[Limit],
     threshold: float,
+    capped: bool = False,
 ) -> tuple[str, tuple[str, ...]]:
-    """The pod's state and the reasons for it (see ``STATES``)."""
+    """The pod's state and the reasons for it (see ``STATES``); ``capped``: a
+    hard memory limit is asked for or held."""
     meta = pod.get("metadata") or {}
     name = meta.get("name") or ""
     annotations = meta.get("annotations") or {}
@@ -89,6 +92,8 @@ def _state(
     why += reasons
     if ANNOTATION_ORIGINAL_CPU in annotations:
         found.add("throttled")
+    if capped:
+        found.add("capped")
     if not found & {"leak", "violating", "warning"}:
         for lim in limits:
             if lim.ratio is not None and lim.ratio >= threshold:
@@ -145,7 +150,8 @@ def _row(
     # the implicit budget's (an allocation: budget beside the selecting ones)
     limits.extend(implicit_limits(meta.get("annotations") or {}, u))
     threshold = min((b.threshold for b in mine), default=DEFAULT_WARNING_THRESHOLD)
-    state, why = _state(pod, mine, limits, threshold)
+    caps = cap_figures(meta.get("annotations") or {}, u)
+    state, why = _state(pod, mine, limits, threshold, is_capped(caps))
     ratios = [lim.ratio for lim in limits if lim.ratio is not None]
     trend = u.pod.trend if u is not None else None
     node = spec.get("nodeName")
@@ -166,6 +172,7 @@ def _row(
         why=why,
         pressure=max(ratios) if ratios else None,
         stale=node not in fresh_nodes,
+        caps=caps,
     )
 
 

@@ -55,6 +55,7 @@ class AgentConfig:
     kubeconfig: str | None = None
     sim_offset_s: float = 0.0
     sim_speed: float = 1.0
+    sim_driver_state: Path | None = None
     enforce_caps: bool = False
     pod_uid: str | None = None
 
@@ -168,7 +169,8 @@ def _backend(
         cleanup.append(lambda: shutil.rmtree(host_root, ignore_errors=True))
         proc_root, cgroup_root = host_root / "proc", cfg.cgroup_root or host_root / "cgroup"
     sim = SimBackend(
-        node, api_pods=api_pods, host_root=host_root, offset_s=cfg.sim_offset_s, speed=cfg.sim_speed
+        node, api_pods=api_pods, host_root=host_root, offset_s=cfg.sim_offset_s, speed=cfg.sim_speed,
+        driver_state=cfg.sim_driver_state,
     )
     # Without an API server, the scenario's own names stand in for the API's.
     pods = api_pods if index is not None else sim.pod_metas

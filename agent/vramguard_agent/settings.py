@@ -62,6 +62,10 @@ def _sampling_parameters(run: bool) -> list[click.Parameter]:
         env("--sim-speed", "VRAMGUARD_SIM_SPEED", "1", type=Number(lambda x: x > 0, "a positive number"),
             help="sim: scenario seconds per wall-clock second; histories and trends are kept in "
             "scenario time, sampleTime stays wall-clock (env VRAMGUARD_SIM_SPEED; default 1)"),
+        env("--sim-driver-state", "VRAMGUARD_SIM_DRIVER_STATE", type=PATH,
+            empty_is_unset=True,
+            help="sim: a file the simulated driver keeps its per-cgroup memory limits in, so that a restarted "
+            "agent finds them as on a real node (env VRAMGUARD_SIM_DRIVER_STATE; default: none kept)"),
         env("--kubeconfig", "KUBECONFIG", help="kubeconfig (default: in-cluster, then KUBECONFIG)")
         if run
         else click.Option(["--kubeconfig"], help="list this node's pods from this cluster for their names"),
@@ -160,6 +164,7 @@ def agent_config(params: Mapping[str, Any], policy: PublishPolicy | None = None)
         kubeconfig=params["kubeconfig"],
         sim_offset_s=params["sim_offset"],
         sim_speed=params["sim_speed"],
+        sim_driver_state=params.get("sim_driver_state"),
         enforce_caps=params.get("enforce_caps", False),  # run only: once never applies limits
         pod_uid=params["pod_uid"],
     )

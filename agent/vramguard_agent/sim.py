@@ -37,13 +37,19 @@ from .fakenvml import FakeGPU, FakeMigDevice, FakeNVML, FakeProcess
 from .gpu import GPUSample
 from .nvml import NVMLBackend
 from .pods import PodMeta
-from .scenario import VIRTUALIZATION, SimCgroup, SimContainer, SimNode, SimPod, SimProcess
+from .scenario import VIRTUALIZATION, SimContainer, SimNode, SimPod, SimProcess
+from .simcgroups import (
+    DriverState,
+    cgroup_namespaces,
+    container_cgroup_path,
+    device_limits,
+    pod_cgroup_path,
+    proc_cgroup_text,
+)
 from .simgpu import SimDevices, SimOOMKill
 
 SIM_NAMESPACE = uuid.UUID("8f0c3a52-3d4e-4c1b-9a57-6f1e2b7d9c10")
 FIRST_PID = 20001
-RUNTIME_SCOPE_PREFIX = {"containerd": "cri-containerd", "cri-o": "crio", "docker": "docker"}
-V1_CONTROLLERS = ("12:memory", "11:cpu,cpuacct", "10:devices", "9:pids", "1:name=systemd")
 MAX_OOM_RECORDS = 1000
 
 
@@ -109,32 +115,6 @@ def assign_pids(node: SimNode) -> dict[int, SimProcess]:
         else:
             result[p.pid] = p
     return result
-
-
-# --- cgroup paths ----------------------------------------------------------
-
-
-def pod_cgroup_path(cgroup: SimCgroup, qos: str, cgroup_uid: str) -> str:
-    """The kubelet's cgroup path of a pod (systemd or cgroupfs driver)."""
-    if cgroup.driver == "systemd":
-        level = "" if qos == "guaranteed" else f"-{qos}"
-        parent = "/kubepods.slice" + ("" if qos == "guaranteed" else f"/kubepods{level}.slice")
-        return f"{parent}/kubepods{level}-pod{cgroup_uid.replace('-', '_')}.slice"
-    return "/kubepods" + ("" if qos == "guaranteed" else f"/{qos}") + f"/pod{cgroup_uid}"
-
-
-def container_cgroup_path(cgroup: SimCgroup, pod_path: str, container_id: str) -> str:
-    """The runtime's cgroup path of a container under its pod."""
-    if cgroup.driver == "systemd":
-        return f"{pod_path}/{RUNTIME_SCOPE_PREFIX[cgroup.runtime]}-{container_id}.scope"
-    return f"{pod_path}/{container_id}"
-
-
-def proc_cgroup_text(cgroup: SimCgroup, path: str) -> str:
-    """``/proc/<pid>/cgroup`` of a process in ``path`` (v2: one line; v1: one per hierarchy)."""
-    if cgroup.version == 2:
-        return f"0::{path}\n"
-    return "".join(f"{controllers}:{path}\n" for controllers in V1_CONTROLLERS)
 
 
 # --- the fake host -----------------------------------------------------------
@@ -316,6 +296,10 @@ class SimBackend:
     The devices are stateful: each ``sample`` moves the processes from where
     the previous one left them (``SimDevices.advance``). ``oom_kills`` holds the
     last ``MAX_OOM_RECORDS`` processes killed by out-of-memory errors.
+
+    The fake NVML's per-cgroup memory limits are what the devices enforce
+    (``simcgroups``); with ``driver_state`` (a file) they survive an agent
+    restart, as a real driver's do.
     """
 
     name: Literal["nvml", "sim"] = "sim"
@@ -328,6 +312,7 @@ class SimBackend:
         clock: Callable[[], float] = time.monotonic,
         offset_s: float = 0.0,
         speed: float = 1.0,
+        driver_state: str | Path | None = None,
     ) -> None:
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"sim speed: {speed!r} is not a positive number")
@@ -342,6 +327,10 @@ class SimBackend:
         self.devices = SimDevices(node, self.pids, lambda gpu, mig: device_uuid(node, gpu, mig))
         self.oom_kills: deque[SimOOMKill] = deque(maxlen=MAX_OOM_RECORDS)
         self.fake = FakeNVML(driver_version=node.driver_version)
+        self.fake.refuse_max_below_usage = True  # Linux 6.14's dmem.max (docs/agent.md, "Memory limits")
+        self.driver_state = DriverState(Path(driver_state)) if driver_state is not None else None
+        if self.driver_state is not None:
+            self.fake.memory_limits = self.driver_state.load()
         self.nvml = NVMLBackend(self.fake)
         self.identities = resolve(node, {})
         self.identity_version = 0
@@ -362,8 +351,12 @@ class SimBackend:
         self._set_state(t)
         return self.nvml.sample()
 
+
     def _set_state(self, t: float) -> None:
         fake, active = self.fake, {f.type for f in self.node.faults_at(t)}
+        self._keep_driver_state()  # what the last sample's memory-limit calls set
+        owners, fake.pid_cgroups = cgroup_namespaces(self.node, self.identities, self.pids)
+        self.devices.set_limits(device_limits(fake.memory_limits, owners))
         self.oom_kills.extend(self.devices.advance(t))
         fake.gpus = fake_gpus(self.node, self.pids, t, self.devices.holdings())
         fake.init_error = NVML_ERROR_DRIVER_NOT_LOADED if "nvml-unavailable" in active else None
@@ -391,6 +384,11 @@ class SimBackend:
             )
         return metas
 
+    def _keep_driver_state(self) -> None:
+        if self.driver_state is not None:
+            self.driver_state.save(self.fake.memory_limits)
+
     def close(self) -> None:
-        """Shut the fake NVML down."""
+        """Keep the fake driver's limits (``driver_state``) and shut the fake NVML down."""
+        self._keep_driver_state()
         self.nvml.close()

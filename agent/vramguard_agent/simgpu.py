@@ -19,6 +19,14 @@ pod (``hostProcesses``) that is killed stays dead.
 Every kill is kept as a ``SimOOMKill`` record naming the pod and container and
 logged at WARNING, which is how a simulated node says which pod was killed by
 OOM (the agent writes only its node's report, never Events).
+
+Per-cgroup memory limits: a process's owner on its device is its pod
+(``owner_of``: ``namespace/name``), and ``set_limits`` gives each device the
+limits the (fake) driver holds per pod, which the device enforces
+(``vramguard_api.gpumem``): an allocation above the pod's hard limit fails in
+that pod only; when a device runs out, the pod furthest above its soft limit
+is evicted first. A process evicted for another's allocation takes its own
+container down, like any out-of-memory kill.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from vramguard_api.gpumem import Device, OOMKill
+from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT, Device, OOMKill
 from vramguard_api.kubelet import consecutive_failures, crash_loop_backoff, restarts_after_failure
 from vramguard_api.units import format_bytes
 
@@ -59,10 +67,17 @@ class SimOOMKill:
             if self.restart_at_s is not None
             else ("the pod fails (restartPolicy Never)" if self.pod else "it stays dead")
         )
+        if k.reason == REASON_SOFT_LIMIT:
+            what = "evicted above its pod's soft limit to make room for another allocation"
+        else:
+            what = f"an allocation of {format_bytes(k.requested_bytes)} failed " + (
+                f"at its pod's hard limit ({format_bytes(k.free_bytes)} free on the device)"
+                if k.reason == REASON_HARD_LIMIT
+                else f"with {format_bytes(k.free_bytes)} free"
+            )
         return (
             f"node {self.node} t={self.time_s:g}s: {who} (pid {k.pid}) killed by CUDA out of memory on "
-            f"{k.device}: held {format_bytes(k.held_bytes)}, an allocation of {format_bytes(k.requested_bytes)} "
-            f"failed with {format_bytes(k.free_bytes)} free; {nxt}"
+            f"{k.device}: held {format_bytes(k.held_bytes)}, {what}; {nxt}"
         )
 
 
@@ -87,6 +102,11 @@ class _Container:
         return self.down_until is None and not self.failed
 
 
+def owner_of(pod: SimPod) -> str:
+    """The owner of a pod's processes on their devices: ``namespace/name``."""
+    return f"{pod.namespace}/{pod.name}"
+
+
 class SimDevices:
     """The node's devices and the scenario's processes on them.
 
@@ -103,6 +123,7 @@ class SimDevices:
                 for slot, m in enumerate(spec.mig):
                     self.devices[(index, slot)] = Device(uuid_of(index, slot), m.memory, 0, m.overhead)
         self._procs: list[tuple[int, SimProcess, _Container]] = []
+        self._containers: dict[int, _Container] = {}
         by_process = {id(p): pid for pid, p in pids.items()}
         for pod in node.pods:
             for c in pod.containers:
@@ -117,6 +138,7 @@ class SimDevices:
     def _add(self, pid: int, p: SimProcess, container: _Container) -> None:
         container.pids.append(pid)
         self._procs.append((pid, p, container))
+        self._containers[pid] = container
 
     def device(self, p: SimProcess) -> Device:
         """The device a process runs on."""
@@ -141,7 +163,7 @@ class SimDevices:
                 dev.exit(pid)
                 continue
             if pid not in dev.processes:
-                dev.start(pid, owner=f"{c.pod.namespace}/{c.pod.name}" if c.pod else None)
+                dev.start(pid, owner=owner_of(c.pod) if c.pod else None)
             wanted = p.memory.at(t - c.origin)
             if wanted <= dev.holding(pid):
                 dev.resize(pid, wanted)  # frees first: what is freed is free for the growers
@@ -151,9 +173,15 @@ class SimDevices:
         for pid, wanted, p, c in growing:
             if not c.up:  # its container died earlier in this sample
                 continue
-            for kill in self.device(p).resize(pid, wanted):
-                kills.append(self._died(c, kill, t))
+            for kill in self.device(p).resize(pid, wanted):  # the requester, or another evicted for it
+                kills.append(self._died(self._containers[kill.pid], kill, t))
         return kills
+
+    def set_limits(self, limits: Mapping[str, Mapping[str, tuple[int, int | None]]]) -> None:
+        """The per-cgroup limits the driver holds: device UUID -> owner -> (soft,
+        hard) bytes (``owner_of``); devices not named hold none."""
+        for dev in self.devices.values():
+            dev.limits = dict(limits.get(dev.uuid, {}))
 
     def _died(self, c: _Container, kill: OOMKill, t: float) -> SimOOMKill:
         """The container of a killed process exits (all its processes) and comes

@@ -26,15 +26,29 @@ when the memory runs out dies, whether it is the process that grew or a
 neighbour that stayed within its share. (Which is why the fleet simulation
 counts "innocent" OOM kills.)
 
-Where per-cgroup memory limits go (NVML ``nvmlDeviceSetMemoryLimits_v1``,
-issue 14): processes carry an ``owner`` (their cgroup, or pod), the unit those
-limits apply to. Every allocation, by ``allocate`` or ``resize``, is granted
-or refused in ``Device._grow``. A hard limit is a check there on the owner's
-holdings before the capacity check (the allocation fails for that process
-only, reason ``hard-limit``); a soft limit chooses there, when an allocation
-does not fit, victims to kill before the requester fails (the process of the
-owner furthest above its soft limit). ``allocate`` and ``resize`` already
-return every kill they caused, so callers need no change for either.
+Per-cgroup memory limits (NVML ``nvmlDeviceSetMemoryLimits_v1``, MPS v3
+memory partitioning): processes carry an ``owner`` (their pod, or its
+cgroup), the unit those limits apply to, and ``Device.limits`` holds each
+owner's ``(soft, hard)`` bytes (``hard`` None: none; ``soft`` 0: none). Every
+allocation, by ``allocate`` or ``resize``, is granted or refused in
+``Device._grow``:
+
+- **hard limit**: an allocation that would take the owner's holdings (all its
+  processes on the device) above it fails, for that process only, even when
+  the device has free memory (reason ``REASON_HARD_LIMIT``); the neighbours
+  keep theirs;
+- **soft limit**: when an allocation does not fit, the driver first evicts
+  the clients whose owner is above its soft limit, furthest above first (the
+  largest process of that owner; reason ``REASON_SOFT_LIMIT``), until it fits;
+  an owner at or under its soft limit is never chosen this way, and neither is
+  an owner without a soft limit (none is no statement; so without soft limits
+  the device behaves as before). When the requester's own owner is the
+  furthest above, or nobody is above, the requester fails as before.
+
+What "evict" means for a client is not documented beyond "the first to be
+evicted": the model takes the harshest reading, the process dies with an
+out-of-memory error (as on a failed allocation). ``allocate`` and ``resize``
+return every kill they caused, victims included.
 
 Pure Python, no NVML: the agent's fake ``pynvml`` reads these holdings, the
 fleet simulation calls ``Device.resize`` millions of times (hence ``__slots__``
@@ -47,6 +61,10 @@ from dataclasses import dataclass
 
 REASON_DEVICE_FULL = "device-full"
 """The allocation did not fit in the device's free memory."""
+REASON_HARD_LIMIT = "hard-limit"
+"""The allocation would have taken its owner above its hard limit."""
+REASON_SOFT_LIMIT = "soft-limit"
+"""Evicted, above its owner's soft limit, to make room for another allocation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +72,10 @@ class OOMKill:
     """A process killed by an allocation that failed.
 
     ``held_bytes``: what the process held just before (all freed with it);
-    ``requested_bytes``: the allocation that failed; ``free_bytes``: the
-    device's free memory when it failed; ``reason``: why (``REASON_DEVICE_FULL``).
+    ``requested_bytes``: the allocation that failed (0 for a process evicted
+    for another's allocation); ``free_bytes``: the device's free memory when it
+    failed; ``reason``: why (``REASON_DEVICE_FULL``, ``REASON_HARD_LIMIT``,
+    ``REASON_SOFT_LIMIT``).
     """
 
     device: str
@@ -100,7 +120,7 @@ class Device:
     call for a pid that is not on the device.
     """
 
-    __slots__ = ("uuid", "total_bytes", "reserved_bytes", "overhead_bytes", "processes", "_held")
+    __slots__ = ("uuid", "total_bytes", "reserved_bytes", "overhead_bytes", "processes", "_held", "limits")
 
     def __init__(self, uuid: str, total_bytes: int, reserved_bytes: int = 0, overhead_bytes: int = 0) -> None:
         for what, value in (("total_bytes", total_bytes), ("reserved_bytes", reserved_bytes),
@@ -117,6 +137,8 @@ class Device:
         self.overhead_bytes = overhead_bytes
         self.processes: dict[int, GPUProcess] = {}
         self._held = 0  # sum of the processes' holdings, kept as they change
+        # owner -> (soft, hard): per-cgroup limits; empty (the usual case) costs one test per allocation
+        self.limits: dict[str, tuple[int, int | None]] = {}
 
     # --- figures (bytes) -----------------------------------------------------
 
@@ -144,6 +166,26 @@ class Device:
         """Bytes process ``pid`` holds (0 when it is not on the device)."""
         proc = self.processes.get(pid)
         return 0 if proc is None else proc.used_bytes
+
+    def owner_bytes(self, owner: str) -> int:
+        """Bytes all processes of ``owner`` hold on the device."""
+        return sum(p.used_bytes for p in self.processes.values() if p.owner == owner)
+
+    # --- limits ----------------------------------------------------------------
+
+    def set_limits(self, owner: str, soft_bytes: int = 0, hard_bytes: int | None = None) -> None:
+        """Set ``owner``'s soft and hard limits (bytes; 0 and None: none, which
+        clears them). Raises ``ValueError`` for a negative value or a soft limit
+        above the hard one (NVML's INVALID_ARGUMENT)."""
+        _check_bytes(soft_bytes, f"device {self.uuid}: soft limit of {owner}")
+        if hard_bytes is not None:
+            _check_bytes(hard_bytes, f"device {self.uuid}: hard limit of {owner}")
+            if soft_bytes > hard_bytes:
+                raise ValueError(f"device {self.uuid}: soft limit {soft_bytes} of {owner} above its hard limit {hard_bytes}")
+        if soft_bytes == 0 and hard_bytes is None:
+            self.limits.pop(owner, None)
+        else:
+            self.limits[owner] = (soft_bytes, hard_bytes)
 
     # --- processes -----------------------------------------------------------
 
@@ -178,15 +220,43 @@ class Device:
         return self._grow(self._process(pid), nbytes)
 
     def _grow(self, proc: GPUProcess, nbytes: int) -> tuple[OOMKill, ...]:
-        # The one place an allocation is granted or refused. (Issue 14: a hard
-        # limit on proc.owner's holdings is checked first; soft limits pick
-        # victims to kill here before the requester fails.)
+        # The one place an allocation is granted or refused (see the module doc).
         free = self.total_bytes - self.reserved_bytes - self.overhead_bytes - self._held
+        victims: tuple[OOMKill, ...] = ()
+        if self.limits:
+            owner = proc.owner
+            hard = None if owner is None else self.limits.get(owner, (0, None))[1]
+            if owner is not None and hard is not None and self.owner_bytes(owner) + nbytes > hard:
+                return (self._kill(proc, nbytes, free, REASON_HARD_LIMIT),)
+            if nbytes > free:
+                victims = self._evict_above_soft(proc, nbytes)
+                free = self.total_bytes - self.reserved_bytes - self.overhead_bytes - self._held
         if nbytes <= free:
             proc.used_bytes += nbytes
             self._held += nbytes
-            return ()
-        return (self._kill(proc, nbytes, free, REASON_DEVICE_FULL),)
+            return victims
+        return (*victims, self._kill(proc, nbytes, free, REASON_DEVICE_FULL))
+
+    def _evict_above_soft(self, proc: GPUProcess, nbytes: int) -> tuple[OOMKill, ...]:
+        """Kill the largest process of the owner furthest above its soft limit,
+        again while ``nbytes`` does not fit, stopping at the requester's own owner."""
+        kills = []
+        while nbytes > self.free_bytes:
+            excess: dict[str, int] = {}
+            for p in self.processes.values():
+                o = p.owner
+                soft = 0 if o is None else self.limits.get(o, (0, None))[0]
+                if o is not None and soft > 0:
+                    excess[o] = excess.get(o, -soft) + p.used_bytes
+            above = [(over, owner) for owner, over in excess.items() if over > 0]
+            if not above:
+                break
+            _, owner = max(above, key=lambda e: (e[0], e[1]))
+            if owner == proc.owner:
+                break  # the requester's owner is furthest above: its allocation fails
+            victim = max((p for p in self.processes.values() if p.owner == owner), key=lambda p: (p.used_bytes, p.pid))
+            kills.append(self._kill(victim, 0, self.free_bytes, REASON_SOFT_LIMIT))
+        return tuple(kills)
 
     def release(self, pid: int, nbytes: int) -> None:
         """Process ``pid`` frees ``nbytes`` of what it holds (never more)."""

@@ -45,6 +45,8 @@ RUN_SETTINGS = [
     ("--ram-interval", "VRAMGUARD_RAM_INTERVAL", "0s", "1m", "ram_interval_s", 0.0, 60.0, 30.0),
     ("--sim-offset", "VRAMGUARD_SIM_OFFSET", "21m", "1h", "sim_offset_s", 1260.0, 3600.0, 0.0),
     ("--sim-speed", "VRAMGUARD_SIM_SPEED", "30", "0.5", "sim_speed", 30.0, 0.5, 1.0),
+    ("--sim-driver-state", "VRAMGUARD_SIM_DRIVER_STATE", "/s/env", "/s/flag", "sim_driver_state",
+     Path("/s/env"), Path("/s/flag"), None),
     ("--kubeconfig", "KUBECONFIG", "/k/env", "/k/flag", "kubeconfig", "/k/env", "/k/flag", None),
     ("--metrics-address", "VRAMGUARD_METRICS_ADDRESS", "", ":9400", "metrics_address", None, ":9400", ":9402"),
     ("--heartbeat", "VRAMGUARD_HEARTBEAT", "1m", "10s", "policy.heartbeat_s", 60.0, 10.0, 30.0),

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vramguard_api.gpumem import REASON_DEVICE_FULL, Device, OOMKill
+from vramguard_api.gpumem import REASON_DEVICE_FULL, REASON_HARD_LIMIT, REASON_SOFT_LIMIT, Device, OOMKill
 from vramguard_api.kubelet import consecutive_failures, crash_loop_backoff, restarts_after_failure
 
 GIB = 1 << 30
@@ -121,3 +121,86 @@ def test_restart_policy_and_crash_loop_backoff():
     assert [crash_loop_backoff(n) for n in (1, 2, 3, 5, 6, 50)] == [10, 20, 40, 160, 300, 300]
     assert consecutive_failures(3, 30.0) == 4
     assert consecutive_failures(3, 600.0) == 1  # ran 10 min: back-off reset
+
+
+# --- per-cgroup limits --------------------------------------------------------------------
+
+
+def test_a_hard_limit_fails_its_owners_allocation_only_even_with_memory_free():
+    d = device()
+    d.start(1, owner="ns/capped")
+    d.start(2, owner="ns/capped")  # a second process of the same pod counts against the same limit
+    d.start(3, owner="ns/neighbour")
+    d.set_limits("ns/capped", hard_bytes=20 * GIB)
+    assert d.allocate(1, 15 * GIB) == () and d.allocate(2, 5 * GIB) == ()
+    (kill,) = d.allocate(2, 1)
+    assert (kill.pid, kill.reason, kill.requested_bytes, kill.held_bytes) == (2, REASON_HARD_LIMIT, 1, 5 * GIB)
+    assert d.holding(1) == 15 * GIB  # the other process of the pod keeps what it holds
+    assert d.allocate(3, 50 * GIB) == ()  # the neighbour is not limited
+    d.set_limits("ns/capped")  # cleared
+    assert d.allocate(1, 10 * GIB) == () and d.limits == {}
+
+
+def test_under_pressure_the_owner_furthest_above_its_soft_limit_is_evicted_first():
+    d = device(total=81)  # 80Gi usable
+    for pid, owner in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
+        d.start(pid, owner=owner)
+        d.set_limits(owner, soft_bytes=20 * GIB)
+    d.allocate(1, 30 * GIB)  # a: 10Gi above its share
+    d.allocate(2, 24 * GIB)  # b: 4Gi above
+    d.allocate(3, 18 * GIB)  # c: within
+    kills = d.allocate(4, 12 * GIB)  # d within its share, 8Gi free: a goes, d's allocation succeeds
+    assert [(k.pid, k.reason, k.requested_bytes) for k in kills] == [(1, REASON_SOFT_LIMIT, 0)]
+    assert d.holding(4) == 12 * GIB and d.holding(2) == 24 * GIB and d.holding(3) == 18 * GIB
+
+
+def test_victims_go_until_the_allocation_fits_and_never_within_their_soft_limit():
+    d = device(total=81)
+    for pid, owner, soft, held in ((1, "a", 10, 14), (2, "b", 10, 12), (3, "c", 30, 30), (4, "d", 20, 0)):
+        d.start(pid, owner=owner)
+        d.set_limits(owner, soft_bytes=soft * GIB)
+        d.allocate(pid, held * GIB)
+    kills = d.allocate(4, 40 * GIB)  # 24Gi free: a (4Gi above) then b (2Gi above) go, c stays
+    assert [k.pid for k in kills] == [1, 2] and d.holding(4) == 40 * GIB and d.holding(3) == 30 * GIB
+    (kill,) = d.allocate(4, 20 * GIB)  # nobody else above a soft limit: the requester fails as before
+    assert (kill.pid, kill.reason) == (4, REASON_DEVICE_FULL) and d.holding(3) == 30 * GIB
+
+
+def test_the_requester_furthest_above_fails_itself_and_owners_without_soft_limits_are_never_chosen():
+    d = device(total=81)
+    d.start(1, owner="grower")
+    d.start(2, owner="plain")  # no limits: no statement, never evicted for another
+    d.start(3, owner="small")
+    d.set_limits("grower", soft_bytes=10 * GIB)
+    d.set_limits("small", soft_bytes=5 * GIB)
+    d.allocate(1, 40 * GIB)
+    d.allocate(2, 30 * GIB)
+    d.allocate(3, 6 * GIB)  # 1Gi above
+    (kill,) = d.allocate(1, 10 * GIB)  # grower is furthest above: its own allocation fails
+    assert (kill.pid, kill.reason) == (1, REASON_DEVICE_FULL)
+    assert d.holding(2) == 30 * GIB and d.holding(3) == 6 * GIB
+
+
+def test_limits_are_checked_like_nvml_checks_them():
+    d = device()
+    with pytest.raises(ValueError, match="soft limit 2 of a above its hard limit 1"):
+        d.set_limits("a", soft_bytes=2, hard_bytes=1)
+    with pytest.raises(ValueError, match="hard limit of a"):
+        d.set_limits("a", hard_bytes=-1)
+
+
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 30)), max_size=40))
+def test_with_soft_limits_at_the_shares_no_process_within_its_share_dies_for_another(steps):
+    # four owners with soft limits at a quarter each of 80Gi: whatever they ask for,
+    # a process within its share dies only by its own allocation, never as a victim
+    d = device(total=81)
+    for pid in range(1, 5):
+        d.start(pid, owner=str(pid))
+        d.set_limits(str(pid), soft_bytes=20 * GIB)
+    for pid, want in steps:
+        if pid not in d.processes:
+            d.start(pid, owner=str(pid))
+        for k in d.resize(pid, want * GIB):
+            if k.pid != pid:
+                assert k.reason == REASON_SOFT_LIMIT and k.held_bytes > 20 * GIB
+        assert d.used_bytes <= d.usable_bytes

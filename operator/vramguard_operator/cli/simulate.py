@@ -51,7 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between samples: the agent's sampling interval, the time step of memory "
         "and of vramguard's decisions (default 10)",
     )
-    parser.add_argument("--json", action="store_true", help="print both runs' figures as JSON")
+    parser.add_argument(
+        "--no-caps",
+        dest="caps",
+        action="store_false",
+        help="skip the third run, vramguard on with driver-enforced memory limits (node agents with "
+        "--enforce-caps; docs/simulation.md)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the runs' figures as JSON")
 
 
 def config_from(args: argparse.Namespace) -> SimulationConfig:
@@ -75,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vramguard simulate: {err}", file=sys.stderr)
         return 2
     assert config.policy is not None
-    result = compare(config, config.policy)
+    result = compare(config, config.policy, caps=args.caps)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")

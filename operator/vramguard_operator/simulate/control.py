@@ -49,6 +49,7 @@ from vramguard_operator.policy.plan import (
     node_facts,
 )
 from vramguard_operator.policy.ratelimit import EvictionLimiter
+from vramguard_operator.simulate import limits as sim_limits
 from vramguard_operator.simulate.apply import applied, output_changes
 from vramguard_operator.simulate.fleet import Fleet, SimPod
 from vramguard_operator.simulate.inputs import node_report
@@ -66,7 +67,9 @@ class ControlConfig:
     ``--eviction-retry``), the rate limit where no policy sets one, and the
     triggers' (``Triggers``). ``couple_devices``: evaluate the pods sharing a
     device together (for rules that compare them). ``exhaustive``: evaluate
-    every pod at every tick (slow; the tests compare it with the triggers)."""
+    every pod at every tick (slow; the tests compare it with the triggers).
+    ``caps``: the node agents apply memory limits (``--enforce-caps``) and the
+    devices enforce them (``limits``)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     eviction_retry_s: float = 30.0
@@ -76,6 +79,7 @@ class ControlConfig:
     band_fraction: float = 0.02
     couple_devices: bool = False
     exhaustive: bool = False
+    caps: bool = False
 
 
 @dataclass(slots=True)
@@ -132,6 +136,9 @@ class Vramguard:
             self.memory.forget(live)
             self.limiter.forget(live)
             self._forget_at = t + FORGET_EVERY_S
+        if self.config.caps:
+            for gone in fleet.removed:
+                sim_limits.forget(gone)
         pods, budgets = self.triggers.collect(t, fleet, exhaustive=self.config.exhaustive)
         if not pods and not budgets:
             return
@@ -164,7 +171,8 @@ class Vramguard:
         nodes = {name: ps[0].gpu.node for name, ps in by_node.items()}  # type: ignore[union-attr]
         trends = self.triggers.trend_features()
         reports = {
-            name: node_report(node, by_node[name], now, trends, self.fleet.tick_s) for name, node in nodes.items()
+            name: node_report(node, by_node[name], now, trends, self.fleet.tick_s, self.config.caps)
+            for name, node in nodes.items()
         }
         facts = node_facts({name: node.api() for name, node in nodes.items()}, reports)
         namespaces = sorted(pods_by_ns.keys() | budgets_by_ns.keys())
@@ -184,6 +192,8 @@ class Vramguard:
             if pod is None or pod.namespace in exempt:  # never act there (as the Applier refuses)
                 continue
             pod.set_facts(applied(pod.facts, patches.get(uid), resizes.get(uid), False))
+            if self.config.caps and uid in patches:
+                sim_limits.apply(pod)
             self.triggers.settle(pod, t)
         for d in out.decisions:
             self._count(d)

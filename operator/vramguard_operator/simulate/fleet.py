@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from vramguard_api.gpumem import GPUProcess, OOMKill
+from vramguard_api.gpumem import REASON_DEVICE_FULL, GPUProcess, OOMKill
 from vramguard_api.kubelet import consecutive_failures, crash_loop_backoff
 from vramguard_api.units import quantity_decimal
 from vramguard_operator.engine.types import ContainerFacts, PodFacts
@@ -45,7 +45,9 @@ CONTAINER = "main"
 class OOMRecord:
     """A pod killed by an out-of-memory error: when, which, on which device,
     what it held and asked for, its share, and whether it stayed within it
-    (``wanted_bytes`` ≤ ``share_bytes``: an "innocent" OOM kill)."""
+    (``wanted_bytes`` ≤ ``share_bytes``: an "innocent" OOM kill); ``reason``:
+    the device's (``gpumem``: the device was full, the pod's hard limit, or
+    evicted above its soft limit for another's allocation)."""
 
     t_s: float
     namespace: str
@@ -57,6 +59,7 @@ class OOMRecord:
     requested_bytes: int
     free_bytes: int
     share_bytes: int
+    reason: str = REASON_DEVICE_FULL
 
     @property
     def wanted_bytes(self) -> int:
@@ -285,7 +288,7 @@ class Fleet:
         assert pod.gpu is not None
         self.ooms.append(
             OOMRecord(t, pod.namespace, pod.name, pod.spec.kind, pod.gpu.node.name, kill.device,
-                      kill.held_bytes, kill.requested_bytes, kill.free_bytes, pod.gpu.share_bytes)
+                      kill.held_bytes, kill.requested_bytes, kill.free_bytes, pod.gpu.share_bytes, kill.reason)
         )
         self._stop_container(pod)
         self.changed.add(pod)

@@ -19,6 +19,7 @@ from typing import Any
 from vramguard_api.trend import TrendFeatures
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.simulate.fleet import CONTAINER, SimPod
+from vramguard_operator.simulate.limits import device_support
 from vramguard_operator.simulate.nodes import SimNode
 
 AGENT_VERSION = "simulated"
@@ -47,20 +48,31 @@ def pod_usage(pod: SimPod, trend: TrendFeatures | None) -> dict[str, Any]:
 
 
 def node_report(
-    node: SimNode, pods: Iterable[SimPod], now: datetime, trends: Mapping[str, TrendFeatures], tick_s: float
+    node: SimNode,
+    pods: Iterable[SimPod],
+    now: datetime,
+    trends: Mapping[str, TrendFeatures],
+    tick_s: float,
+    caps: bool = False,
 ) -> NodeGPUUsage:
     """The node's report at ``now`` covering ``pods`` (each on this node) and
-    the devices they use."""
+    the devices they use; with ``caps`` the agent applies memory limits
+    (``enforceCaps``) and says which devices support them (``limits``)."""
     pods = list(pods)
     gpus = list({id(p.gpu): p.gpu for p in pods if p.gpu is not None}.values())
+    devices = node.device_entries(gpus)
+    if caps:
+        for entry, gpu in zip(devices, gpus, strict=True):
+            entry.update(device_support(gpu))
     return NodeGPUUsage.model_validate(
         {
             "metadata": {"name": node.name},
             "spec": {"nodeName": node.name},
             "status": {
                 "sampleTime": now,
-                "agent": {"version": AGENT_VERSION, "backend": "sim", "sampleIntervalSeconds": tick_s},
-                "devices": node.device_entries(gpus),
+                "agent": {"version": AGENT_VERSION, "backend": "sim", "sampleIntervalSeconds": tick_s,
+                          "enforceCaps": caps},
+                "devices": devices,
                 "pods": [pod_usage(p, trends.get(p.uid)) for p in pods],
             },
         }

@@ -24,6 +24,7 @@ memory like time-slicing (the MPS client memory limit is not set).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -119,6 +120,15 @@ class GPU:
         return self.device.uuid
 
 
+_UUIDS = uuid.UUID("3c1e9b4a-7f25-4d6e-9a0b-5e2c8d1f6a47")  # namespace of the simulated GPUs' UUIDs
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    """A GPU's UUID, ``GPU-`` and a UUIDv5 of ``node/index`` (NVML's form, which
+    per-cgroup memory limits are keyed by: ``vramguard_api.memlimits``)."""
+    return f"GPU-{uuid.uuid5(_UUIDS, f'{node}/{index}')}"
+
+
 @dataclass(eq=False)
 class SimNode:
     """A GPU node: its kind, name, GFD labels, allocatable resources, devices."""
@@ -132,7 +142,7 @@ class SimNode:
         k = self.kind
         for i in range(k.gpus):
             if k.mig_profile is None:
-                dev = Device(f"GPU-{self.name}-{i}", k.memory, k.reserved, k.overhead)
+                dev = Device(gpu_uuid(self.name, i), k.memory, k.reserved, k.overhead)
                 self.gpus.append(GPU(self, i, None, dev, k.replicas))
             else:
                 for s in range(k.mig_per_gpu):
@@ -194,7 +204,7 @@ class SimNode:
                 "processBytes": d.process_bytes,
             }
             if g.mig_slot is not None:
-                entry.update(migProfile=k.mig_profile, parentUUID=f"GPU-{self.name}-{g.index}",
+                entry.update(migProfile=k.mig_profile, parentUUID=gpu_uuid(self.name, g.index),
                              gpuInstanceId=g.mig_slot + 1, computeInstanceId=0)
             if k.vgpu:
                 entry["virtualizationMode"] = "VGPU"

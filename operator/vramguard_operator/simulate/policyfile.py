@@ -24,11 +24,14 @@ from vramguard_operator.simulate.workloads import NAMESPACES
 
 DEFAULT_POLICY = """\
 # vramguard's recommended policy for shared GPUs (examples/recommended-policy.yaml
-# without its namespaceSelector): enforce, give every GPU pod that no budget
+# without its namespaceSelector, with a rate limit sized for a 160-GPU fleet
+# and softLimits): enforce, give every GPU pod that no budget
 # selects its node's fair share of a device (an implicit budget that
 # annotates), and evict the pod most above its share when a device's free
 # memory falls under 5% or under the room a pod within its share needs to
 # reach it (docs/device-pressure.md), within an eviction rate limit.
+# softLimits: the driver's soft limit of every GPU pod at its share; inert
+# unless the node agents apply memory limits (--enforce-caps: the "with caps" run).
 apiVersion: vramguard.io/v1alpha1
 kind: GPUMemoryPolicy
 metadata: {name: fleet-default}
@@ -37,6 +40,7 @@ spec:
   defaults: {shareFromNode: true}
   devicePressure: {minFree: 5%, protectShares: true, action: Evict}
   evictionRateLimit: {perMinute: 10, burst: 10}
+  softLimits: Share
 """
 
 

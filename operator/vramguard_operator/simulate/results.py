@@ -1,4 +1,5 @@
-"""The figures of a run and of a comparison (vramguard off vs on), as text and JSON.
+"""The figures of a run and of a comparison (vramguard off, on, and on with
+driver-enforced memory limits: "with caps"), as text and JSON.
 
 - ``innocent_ooms``: OOM kills of pods that stayed within their share: what
   the killed process held plus the allocation that failed was at most its
@@ -15,6 +16,9 @@
   averaged over the run, in bytes and as a fraction of the fleet's usable memory.
 - ``jobs_completed`` / ``jobs_failed``: Jobs that finished their work / that
   exhausted their ``backoffLimit``.
+- ``hard_limit_ooms`` / ``soft_limit_evictions`` (with caps): OOM kills by a
+  pod's own hard limit, and pods the driver evicted above their soft limit
+  to make room for another's allocation (both counted in the OOM kills above).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class RunFigures:
     wall_seconds: float
     cpu_seconds: float
     within_limits_examples: tuple[str, ...] = ()
+    hard_limit_ooms: int = 0
+    soft_limit_evictions: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form (plain types)."""
@@ -67,16 +73,21 @@ class RunFigures:
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    """The same seed with vramguard off and on, and what was simulated."""
+    """The same seed with vramguard off, on, and (``caps``, None when not run)
+    on with driver-enforced memory limits; and what was simulated."""
 
     setup: Mapping[str, Any]
     off: RunFigures
     on: RunFigures
     notes: tuple[str, ...] = field(default=())
+    caps: RunFigures | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` form: ``setup``, ``off``, ``on``."""
-        return {"setup": dict(self.setup), "off": self.off.to_json(), "on": self.on.to_json()}
+        """The ``--json`` form: ``setup``, ``off``, ``on`` and ``caps`` (when run)."""
+        out = {"setup": dict(self.setup), "off": self.off.to_json(), "on": self.on.to_json()}
+        if self.caps is not None:
+            out["caps"] = self.caps.to_json()
+        return out
 
 
 def _change(off: float, on: float) -> str:
@@ -87,28 +98,21 @@ def _change(off: float, on: float) -> str:
     return f"{(on - off) / off * 100:+.0f}%"
 
 
-def render(c: Comparison) -> str:
-    """The comparison as a table (what ``vramguard simulate`` prints)."""
-    s = c.setup
-    lines = [
-        f"vramguard simulate: seed {s['seed']}, {s['hours']:g}h, nodes {s['nodes']} "
-        f"({s['gpu_replicas']} GPU replicas), load {s['load']:g}, tick {s['tick_s']:g}s",
-        f"mix: {', '.join(f'{k}={v:.2f}' for k, v in s['mix'].items())}; policy: {s['policy']}",
-        "",
-    ]
-    off, on = c.off, c.on
-    rows: list[tuple[str, str, str, str]] = [
-        ("", "vramguard off", "vramguard on", "change"),
+def _rows(off: RunFigures, on: RunFigures) -> list[tuple[str, str, str, str]]:
+    """The table's rows for one run beside ``off``: label, off, the run, change."""
+    return [
         ("innocent OOM kills (within share)", str(off.innocent_ooms), str(on.innocent_ooms),
          _change(off.innocent_ooms, on.innocent_ooms)),
         ("OOM kills above share", str(off.over_share_ooms), str(on.over_share_ooms),
          _change(off.over_share_ooms, on.over_share_ooms)),
+        ("  by a hard limit / evicted above a soft limit", "-",
+         f"{on.hard_limit_ooms} / {on.soft_limit_evictions}", ""),
         ("actions on pods within all limits", "-", str(on.actions_within_limits), "must be 0"),
         ("evictions", "-", str(on.evictions), ""),
         ("  for device pressure", "-", str(on.pressure_evictions), ""),
         ("  blocked by a PDB / rate-limited", "-", f"{on.evictions_blocked} / {on.evictions_rate_limited}", ""),
-        ("annotate / throttle / evict decisions", "-",
-         " / ".join(str(on.actions.get(a, 0)) for a in ("Annotate", "Throttle", "Evict")), ""),
+        ("annotate / throttle / cap / evict decisions", "-",
+         " / ".join(str(on.actions.get(a, 0)) for a in ("Annotate", "Throttle", "Cap", "Evict")), ""),
         ("GPU memory in use (time average)",
          f"{format_bytes(off.gpu_memory_in_use_bytes)} {off.gpu_memory_in_use_fraction:.1%}",
          f"{format_bytes(on.gpu_memory_in_use_bytes)} {on.gpu_memory_in_use_fraction:.1%}",
@@ -121,14 +125,35 @@ def render(c: Comparison) -> str:
         ("wall time (CPU time)", f"{off.wall_seconds:.1f}s ({off.cpu_seconds:.1f}s)",
          f"{on.wall_seconds:.1f}s ({on.cpu_seconds:.1f}s)", ""),
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+
+
+def render(c: Comparison) -> str:
+    """The comparison as a table (what ``vramguard simulate`` prints): off, on
+    and the change, then with caps and its change against off."""
+    s = c.setup
+    lines = [
+        f"vramguard simulate: seed {s['seed']}, {s['hours']:g}h, nodes {s['nodes']} "
+        f"({s['gpu_replicas']} GPU replicas), load {s['load']:g}, tick {s['tick_s']:g}s",
+        f"mix: {', '.join(f'{k}={v:.2f}' for k, v in s['mix'].items())}; policy: {s['policy']}",
+        "",
+    ]
+    off, on = c.off, c.on
+    rows: list[tuple[str, ...]] = [("", "vramguard off", "vramguard on", "change")]
+    rows += _rows(off, on)
+    if c.caps is not None:
+        rows[0] += ("on, with caps", "change")
+        rows[1:] = [r + cap[2:] for r, cap in zip(rows[1:], _rows(off, c.caps), strict=True)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
                                enumerate(zip(r, widths, strict=True))).rstrip())
-    by_kind = ", ".join(f"{k} {off.innocent_ooms_by_kind.get(k, 0)}/{on.innocent_ooms_by_kind.get(k, 0)}"
-                        for k in sorted(off.innocent_ooms_by_kind.keys() | on.innocent_ooms_by_kind.keys()))
+    runs = [off, on] if c.caps is None else [off, on, c.caps]
+    kinds = sorted({k for r in runs for k in r.innocent_ooms_by_kind})
+    by_kind = ", ".join(f"{k} {'/'.join(str(r.innocent_ooms_by_kind.get(k, 0)) for r in runs)}" for k in kinds)
     if by_kind:
-        lines.append(f"innocent OOM kills by workload kind (off/on): {by_kind}")
+        lines.append(f"innocent OOM kills by workload kind ({'/'.join(['off', 'on', 'caps'][:len(runs)])}): {by_kind}")
     lines.extend(on.within_limits_examples)
+    if c.caps is not None:
+        lines.extend(c.caps.within_limits_examples)
     lines.extend(c.notes)
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
 from vramguard_operator.simulate.control import ControlConfig, Vramguard
 from vramguard_operator.simulate.fleet import Fleet
 from vramguard_operator.simulate.nodes import build_nodes
@@ -71,10 +72,15 @@ def simulate(config: SimulationConfig) -> RunFigures:
     return _figures(fleet, guard, steps * config.tick_s, time.perf_counter() - started, time.process_time() - cpu)
 
 
-def compare(config: SimulationConfig, policy: PolicySet) -> Comparison:
-    """The same seed with vramguard off, then on with ``policy``."""
+def compare(config: SimulationConfig, policy: PolicySet, caps: bool = True) -> Comparison:
+    """The same seed with vramguard off, then on with ``policy``, then (with
+    ``caps``) on with the same policy and driver-enforced memory limits: the
+    node agents apply them (``--enforce-caps``) and the devices enforce them."""
     off = simulate(replace(config, policy=None))
     on = simulate(replace(config, policy=policy))
+    with_caps = None
+    if caps:
+        with_caps = simulate(replace(config, policy=policy, control=replace(config.control, caps=True)))
     setup = {
         "seed": config.seed,
         "hours": config.hours,
@@ -85,11 +91,14 @@ def compare(config: SimulationConfig, policy: PolicySet) -> Comparison:
         "tick_s": config.tick_s,
         "policy": policy.source,
     }
-    return Comparison(setup, off, on)
+    return Comparison(setup, off, on, caps=with_caps)
 
 
 def _figures(fleet: Fleet, guard: Vramguard | None, duration_s: float, wall_s: float, cpu_s: float) -> RunFigures:
     innocent = [o for o in fleet.ooms if o.within_share]
+    by_reason: dict[str, int] = {}
+    for o in fleet.ooms:
+        by_reason[o.reason] = by_reason.get(o.reason, 0) + 1
     by_kind: dict[str, int] = {}
     for o in innocent:
         by_kind[o.kind] = by_kind.get(o.kind, 0) + 1
@@ -99,6 +108,8 @@ def _figures(fleet: Fleet, guard: Vramguard | None, duration_s: float, wall_s: f
         vramguard=guard is not None,
         innocent_ooms=len(innocent),
         over_share_ooms=len(fleet.ooms) - len(innocent),
+        hard_limit_ooms=by_reason.get(REASON_HARD_LIMIT, 0),
+        soft_limit_evictions=by_reason.get(REASON_SOFT_LIMIT, 0),
         innocent_ooms_by_kind=by_kind,
         actions_within_limits=len(c.within_limits) if c else 0,
         evictions=c.evictions if c else 0,

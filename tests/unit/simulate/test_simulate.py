@@ -9,10 +9,16 @@ from dataclasses import replace
 
 import pytest
 
+from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
+from vramguard_api.memlimits import memory_limits_of
 from vramguard_operator.cli.main import main
-from vramguard_operator.simulate.control import ControlConfig
+from vramguard_operator.engine.types import ANNOTATION_MEMORY_LIMITS
+from vramguard_operator.simulate.control import ControlConfig, Vramguard
+from vramguard_operator.simulate.fleet import Fleet
+from vramguard_operator.simulate.nodes import build_nodes
 from vramguard_operator.simulate.policyfile import DEFAULT_POLICY, load_policy, parse_policy
 from vramguard_operator.simulate.run import SimulationConfig, compare, simulate
+from vramguard_operator.simulate.workloads import generate
 
 # The built-in policy without its device-pressure rule: implicit budgets that only annotate.
 PRESSURE_LINE = "  devicePressure: {minFree: 5%, protectShares: true, action: Evict}\n"
@@ -58,6 +64,20 @@ spec:
     - {action: Annotate, after: 0s}
     - {action: Evict, after: 1m}
 """
+# A Cap on the fine-tunes (the research namespace) instead of Throttle and Evict.
+CAPPING = DEFAULT_POLICY + """\
+---
+apiVersion: vramguard.io/v1alpha1
+kind: GPUMemoryBudget
+metadata: {name: finetune, namespace: research}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/component: training}}
+  limits: {perDevice: {fraction: 0.25}}
+  enforcement:
+    escalation:
+    - {action: Annotate, after: 0s}
+    - {action: Cap, after: 1m}
+"""
 MIX = {"training": 0.1, "inference": 0.2, "leaking-inference": 0.2, "finetune": 0.3, "batch": 0.2}
 
 
@@ -100,15 +120,18 @@ def test_acting_budgets_throttle_and_evict_never_on_a_pod_within_its_limits():
     assert r.evictions <= 2 + 2 * config.hours * 60
 
 
-@pytest.mark.parametrize("policy", ["annotate-only", "built-in", "acting"])
-def test_the_triggers_decide_as_evaluating_every_pod_at_every_tick(policy):
-    exact = ControlConfig(band_bytes=0, band_fraction=0.0)  # no dead-band: exactly the same decisions
-    text = {"annotate-only": ANNOTATE_ONLY, "built-in": DEFAULT_POLICY, "acting": ACTING}[policy]
+@pytest.mark.parametrize(
+    ("policy", "caps"), [("annotate-only", False), ("built-in", False), ("acting", False), ("capping", True)]
+)
+def test_the_triggers_decide_as_evaluating_every_pod_at_every_tick(policy, caps):
+    exact = ControlConfig(band_bytes=0, band_fraction=0.0, caps=caps)  # no dead-band: exactly the same decisions
+    text = {"annotate-only": ANNOTATE_ONLY, "built-in": DEFAULT_POLICY, "acting": ACTING, "capping": CAPPING}[policy]
     base = replace(SMALL, hours=1.0, tick_s=30.0, mix=MIX, policy=parse_policy(text, policy))
     fast = simulate(replace(base, control=exact))
     every = simulate(replace(base, control=replace(exact, exhaustive=True)))
     for key in ("innocent_ooms", "over_share_ooms", "actions", "evictions", "evictions_blocked",
-                "evictions_rate_limited", "jobs_completed", "dry_run_steps", "gpu_memory_in_use_bytes"):
+                "evictions_rate_limited", "jobs_completed", "dry_run_steps", "gpu_memory_in_use_bytes",
+                "hard_limit_ooms", "soft_limit_evictions"):
         assert getattr(fast, key) == getattr(every, key), key
     if policy == "annotate-only":  # per-pod implicit budgets, no device coupling: the triggers' point
         assert every.pods_evaluated > 3 * fast.pods_evaluated
@@ -155,12 +178,15 @@ def test_the_command_prints_both_runs_as_json(capsys, tmp_path):
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["setup"]["seed"] == 9 and out["setup"]["policy"] == str(policy)
-    assert set(out) == {"setup", "off", "on"}
-    for run in ("off", "on"):
+    assert set(out) == {"setup", "off", "on", "caps"}
+    for run in ("off", "on", "caps"):
         assert {"innocent_ooms", "over_share_ooms", "actions_within_limits", "evictions",
                 "gpu_memory_in_use_bytes", "jobs_completed"} <= set(out[run])
     assert main(argv) == 0
-    assert "innocent OOM kills (within share)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "innocent OOM kills (within share)" in text and "on, with caps" in text
+    assert main([*argv, "--json", "--no-caps"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"setup", "off", "on"}
 
 
 @pytest.mark.parametrize(
@@ -176,3 +202,47 @@ def test_the_command_prints_both_runs_as_json(capsys, tmp_path):
 def test_bad_flags_are_named(capsys, flags, message):
     assert main(["simulate", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+
+def run_fleet(config: SimulationConfig) -> tuple[Fleet, Vramguard]:
+    """A run as ``simulate`` does it, returning the fleet and the operator."""
+    nodes = build_nodes(dict(config.nodes))
+    slots = sum(g.capacity for n in nodes for g in n.gpus)
+    fleet = Fleet(nodes, generate(config.seed, config.mix, slots, config.hours, config.load), config.seed,
+                  config.tick_s)
+    assert config.policy is not None
+    guard = Vramguard(config.policy, fleet, config.control)
+    for i in range(1, round(config.hours * 3600 / config.tick_s) + 1):
+        fleet.step(i * config.tick_s)
+        guard.step(i * config.tick_s)
+    return fleet, guard
+
+
+def test_with_caps_the_driver_evicts_pods_above_their_share_first_never_within():
+    config = replace(SMALL, mix=MIX, policy=load_policy(None), control=ControlConfig(caps=True))
+    fleet, guard = run_fleet(config)
+    victims = [o for o in fleet.ooms if o.reason == REASON_SOFT_LIMIT]
+    assert victims and all(o.held_bytes > o.share_bytes for o in victims)
+    assert guard.counts.within_limits == []
+    written = [p for p in fleet.pods.values() if ANNOTATION_MEMORY_LIMITS in p.facts.annotations]
+    assert written and all(
+        {lim.soft_limit for lim in memory_limits_of(p.facts.annotations).values()} == {p.gpu.share_bytes}  # type: ignore[union-attr]
+        for p in written
+    )
+    # without agents that enforce them, the same policy writes no limits and nothing is evicted by the driver
+    fleet, _ = run_fleet(replace(config, control=ControlConfig()))
+    assert not any(ANNOTATION_MEMORY_LIMITS in p.facts.annotations for p in fleet.pods.values())
+    assert not [o for o in fleet.ooms if o.reason != "device-full"]
+
+
+def test_a_budgets_cap_fails_the_capped_pods_own_allocations_only():
+    config = replace(SMALL, mix=MIX, policy=parse_policy(CAPPING, "capping"), control=ControlConfig(caps=True))
+    fleet, guard = run_fleet(config)
+    hard = [o for o in fleet.ooms if o.reason == REASON_HARD_LIMIT]
+    assert guard.counts.decisions.get("Cap", 0) > 0 and hard
+    assert all(o.namespace == "research" and not o.within_share for o in hard)
+    assert guard.counts.within_limits == []
+    # the same budget where the agents leave limits alone: the step is impossible and nothing bites
+    fleet, guard = run_fleet(replace(config, control=ControlConfig()))
+    assert not [o for o in fleet.ooms if o.reason == REASON_HARD_LIMIT]

@@ -218,7 +218,8 @@ def apply_output(
     for b in budgets:
         key = (b.metadata.namespace or "", b.metadata.name or "")
         new_budgets.append(b.model_copy(update={"status": statuses.get(key, b.status)}))
-    patches = {p.pod.uid: p.annotations for p in out.pod_patches}
+    # the state first, then (every Event posted) the records marked posted
+    patches = {p.pod.uid: {**p.annotations, **(p.explained or {})} for p in out.pod_patches}
     resizes: dict[str, dict[str, tuple[str, str | None]]] = {}
     evicted: set[str] = set()
     for d in out.decisions:

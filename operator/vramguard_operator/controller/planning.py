@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_operator.controller.indexes import BudgetEntry, Snapshot, Versioned, has_vramguard_state
 from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.engine import budget_status as bs
-from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, PodFacts
+from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, HeldBudget, PodFacts
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.dra import DRAConfig
 from vramguard_operator.policy.merge import MergedPolicy, merge
@@ -89,8 +90,9 @@ class Group:
 @dataclass(slots=True)
 class Plan:
     """One evaluation's work: engine groups, budgets whose spec does not parse
-    (their namespace is held: nothing is decided there until it is fixed), and
-    each namespace's policy."""
+    (each is held: nothing is decided for it, its records are kept, and the
+    rest of its namespace is evaluated as if it were absent), and each
+    namespace's policy."""
 
     groups: list[Group]
     invalid: list[Versioned[BudgetEntry]]
@@ -127,9 +129,12 @@ def _group(snap: Snapshot, policy: EffectivePolicy, namespaces: list[str], commo
     budgets: list[GPUMemoryBudget] = []
     current: dict[tuple[str, str], dict[str, Any] | None] = {}
     pods: list[PodFacts] = []
+    held: dict[tuple[str, str], HeldBudget] = {}
     for ns in namespaces:
         for e in snap.budgets.get(ns, ()):
-            assert e.value.budget is not None
+            if e.value.budget is None:  # its spec does not parse: held, its records kept
+                held[(ns, e.value.name)] = HeldBudget(e.uid, C.REASON_INVALID_SPEC, e.value.error or "invalid spec")
+                continue
             budgets.append(e.value.budget)
             current[(ns, e.value.name)] = e.value.status_api()
         pods.extend(p.value for p in snap.pods.get(ns, ()))
@@ -147,6 +152,8 @@ def _group(snap: Snapshot, policy: EffectivePolicy, namespaces: list[str], commo
         policy=policy,
         config=common.config,
         device_limits=view.device_limits,
+        held=held,
+        unknown_nodes=snap.unknown_nodes(),
     )
     return Group(policy, namespaces, inp, current, view)
 
@@ -168,11 +175,9 @@ def plan(
     nodes = policy_plan.node_facts(snap.gpu_nodes, snap.valid_reports())
     pols = namespace_policies(snap.valid_policies(), snap.namespaces, scope, broken)
     invalid = [e for ns in scope for e in snap.budgets.get(ns, ()) if e.value.budget is None]
-    held = {e.value.namespace for e in invalid}
     by_policy: dict[EffectivePolicy, list[str]] = {}
     for ns in scope:
-        if ns not in held:
-            by_policy.setdefault(pols[ns].effective, []).append(ns)
+        by_policy.setdefault(pols[ns].effective, []).append(ns)
     previous = memory.implicit_status if memory is not None else None
     allocations = policy_plan.Allocations(
         claims=snap.claims,

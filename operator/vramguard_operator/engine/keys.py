@@ -21,6 +21,11 @@ ANNOTATION_ORIGINAL_CPU = "vramguard.io/original-cpu"
 """CPU resources before throttling: compact JSON ``{"<container>": {"limit": "2",
 "request": "500m"}}`` (``null`` for an unset request). Present exactly while the
 pod is throttled by vramguard."""
+ANNOTATION_STATE_SIGNATURE = "vramguard.io/state-signature"
+"""HMAC-SHA256 of the pod's uid, ``vramguard.io/violations`` and
+``vramguard.io/original-cpu`` under the operator's state key (``v1:<hex>``),
+present while either is and a key is configured (``engine.seal``): state
+that does not verify was not written by this operator and is not obeyed."""
 
 # Event reasons (CamelCase, as Kubernetes Events use them).
 EVENT_ABOVE_WARNING = "AboveWarningThreshold"
@@ -31,6 +36,12 @@ EVENT_THROTTLE_IMPOSSIBLE = "ThrottleImpossible"
 EVENT_EVICTING = "Evicting"
 EVENT_RECOVERED = "Recovered"
 EVENT_DRY_RUN = "DryRun"
+# Problems with objects (``ObjectProblem.reason``): each affects only its object.
+EVENT_INVALID_SPEC = "InvalidSpec"
+EVENT_EVALUATION_FAILED = "EvaluationFailed"
+EVENT_EVALUATION_TIMEOUT = "EvaluationTimeout"
+EVENT_REPORT_INVALID = "ReportInvalid"
+EVENT_STATE_REJECTED = "StateRejected"
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -277,7 +277,7 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.namespaces = list(namespaces)
         self.extra = list(extra)
-        self.env = dict(env or {})  # more variables (VRAMGUARD_CRASH_AT: a crash test)
+        self.extra_env = dict(env or {})  # more variables (VRAMGUARD_CRASH_AT: a crash test)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = Path(tempfile.mkstemp(prefix="vramguard-operator-", suffix=".log")[1])
         self.health_port = free_port()
@@ -301,7 +301,7 @@ class OperatorProcess:
             **os.environ,
             "KUBECONFIG": self.kubeconfig,
             "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent")),
-            **self.env,
+            **self.extra_env,
         }
         with self.log.open("ab") as out:
             out.write(f"--- start {datetime.now(UTC).isoformat()}\n".encode())

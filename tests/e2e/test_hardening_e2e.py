@@ -293,6 +293,7 @@ def test_hard_hostile_objects_are_contained_and_a_canary_is_enforced(cluster: An
             pod_manifest("cheap", good_node, {"app": "train"}, cpu="100m"),  # forged original CPU
             pod_manifest("evict", good_node, {"app": "train"}),       # forged Evict step
             pod_manifest("junk", good_node, {"app": "train"}),        # malformed record
+            _full(pod_manifest("full", good_node, {"app": "train"})),  # no room for the record
         ])
         c0 = run_pods(core, canary_ns, [pod_manifest("c0", good_node, {"app": "canary"})])["c0"]
         forged = {
@@ -305,7 +306,7 @@ def test_hard_hostile_objects_are_contained_and_a_canary_is_enforced(cluster: An
             core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": ann}})
         _second_report(custom, fake_report, conflict_node)
         good = [Usage(pods["cheap"], 1 * GI), Usage(pods["evict"], 12 * GI), Usage(pods["junk"], 12 * GI),
-                Usage(c0, 12 * GI)]
+                Usage(pods["full"], 12 * GI), Usage(c0, 12 * GI)]
         with (Publisher(custom, good_node, lambda: good),
               Publisher(custom, bad_node, lambda: [Usage(pods["dup"], 12 * GI), Usage(pods["dup"], 1 * GI)]),
               Publisher(custom, conflict_node, lambda: [Usage(pods["twice"], 12 * GI)])):
@@ -357,6 +358,25 @@ def _check_contained(core: Any, custom: Any, namespace: str, canary_ns: str, can
     # the forged Evict step: the ladder ran anyway (Annotate, then Throttle)
     assert "StateRejected" in event_counts(core, namespace, pods["evict"].metadata.uid)
     assert in_order(core, namespace, pods["evict"].metadata.uid, STEPS[:2])
+    # no room for the record: no step counts, nothing is done, the refusal is explained and retried
+    full = pods["full"].metadata.uid
+    failed = wait_for(lambda: events_about(core, namespace, full, "ActionFailed"), 10, "ActionFailed on full")
+    assert "recording it on pod full failed" in failed[0].message and "Too long" in failed[0].message
+    wait_for(lambda: (events_about(core, namespace, full, "ActionFailed")[0].count or 0) >= 2, 10, "a retry")
+    assert set(event_counts(core, namespace, full)) == {"ActionFailed"}
+    p = core.read_namespaced_pod("full", namespace)
+    assert p.spec.containers[0].resources.limits["cpu"] == "2"
+    assert not [k for k in p.metadata.annotations if k.startswith("vramguard.io/")]
+    entry = [v for v in get_budget(custom, namespace, "train")["status"]["violations"] if v["pod"] == "full"]
+    assert [(v.get("step"), v.get("nextStep")) for v in entry] == [(None, "Annotate")]
+
+
+def _full(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A pod whose annotations leave no room for the operator's record (the API
+    server allows 256 KiB of them in all)."""
+    key = "example.com/blob"
+    manifest["metadata"]["annotations"] = {key: "x" * (262144 - len(key) - 100)}
+    return manifest
 
 
 def _record(step: str) -> str:

@@ -47,6 +47,7 @@ def _problems(spec: GPUMemoryBudgetSpec) -> Iterator[str]:
     if ld is not None:
         yield from _quantity("spec.leakDetection.minGrowthPerHour", ld.min_growth_per_hour, GROWTH_PER_HOUR)
         yield from _duration("spec.leakDetection.minWindow", ld.min_window, DELAY)
+        yield from _duration("spec.leakDetection.minEvidence", ld.min_evidence, DELAY)
         yield from _duration("spec.leakDetection.evictBefore", ld.evict_before, DELAY)
 
 

@@ -166,6 +166,7 @@ def budget_spec() -> st.SearchStrategy[dict[str, Any]]:
         "leakDetection.enabled": st.one_of(st.booleans(), JUNK),
         "leakDetection.minGrowthPerHour": quantity(),
         "leakDetection.minWindow": duration(),
+        "leakDetection.minEvidence": duration(),
         "leakDetection.evictBefore": duration(),
         "enforcement.mode": st.sampled_from(["Enforce", "DryRun", "Audit", ""]),
         "enforcement.escalation": st.one_of(st.lists(step(), max_size=4), JUNK),

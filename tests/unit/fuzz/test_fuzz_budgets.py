@@ -80,6 +80,7 @@ def _overrides() -> st.SearchStrategy[dict[str, Any]]:
             after=duration(), cpu_limit=st.one_of(st.none(), quantity())), max_size=4),
         "leak_detection": st.builds(LeakDetection.model_construct, enabled=st.booleans(),
                                     min_growth_per_hour=quantity(), min_window=duration(),
+                                    min_evidence=duration(),
                                     evict_before=st.one_of(st.none(), duration())),
         "selector": st.builds(LabelSelector.model_construct, match_labels=st.one_of(
             st.none(), st.dictionaries(st.text(max_size=70), st.text(max_size=70), max_size=2)),

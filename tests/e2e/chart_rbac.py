@@ -135,7 +135,7 @@ class Webhooks:
 class ChartOperator(OperatorProcess):
     """The operator with the chart's Deployment's arguments, then what differs
     on the host: local ports, the webhook TLS directory (a CA and certificate
-    generated for 127.0.0.1), and test timings (an evaluation every second, a
+    generated for 127.0.0.1, a state key file in place of the mounted Secret), and test timings (an evaluation every second, a
     blocked eviction retried every second). None of these changes which API
     calls it makes."""
 
@@ -146,8 +146,11 @@ class ChartOperator(OperatorProcess):
         assert args[0] == "operator", args
         self.webhook_port = free_port()
         self.ca = tls_dir / "ca.crt"
+        key = tls_dir.parent / "state-key"  # the chart mounts its Secret; here a key of the same form
+        key.write_text(os.urandom(24).hex())
+        chart_args = [f"--state-key-file={key}" if a.startswith("--state-key-file=") else a for a in args[1:]]
         self.extra = [
-            *args[1:],
+            *chart_args,
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
             f"--metrics-port={self.metrics_port}", "--metrics-address=127.0.0.1",
             f"--webhook-port={self.webhook_port}", f"--webhook-tls-dir={tls_dir}",

@@ -274,10 +274,17 @@ class OperatorProcess:
     """``python -m vramguard_operator operator`` as a subprocess, with its
     liveness endpoint and metrics on free local ports."""
 
-    def __init__(self, kubeconfig: str, namespaces: Iterable[str], extra: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        kubeconfig: str,
+        namespaces: Iterable[str],
+        extra: Iterable[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.namespaces = list(namespaces)
         self.extra = list(extra)
+        self.extra_env = dict(env or {})  # more variables (VRAMGUARD_CRASH_AT: a crash test)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = Path(tempfile.mkstemp(prefix="vramguard-operator-", suffix=".log")[1])
         self.health_port = free_port()
@@ -301,6 +308,7 @@ class OperatorProcess:
             **os.environ,
             "KUBECONFIG": self.kubeconfig,
             "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent")),
+            **self.extra_env,
         }
         with self.log.open("ab") as out:
             out.write(f"--- start {datetime.now(UTC).isoformat()}\n".encode())
@@ -346,6 +354,10 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+    def exited(self) -> int | None:
+        """The exit status once the process ended (negative: the signal), else None."""
+        return None if self.proc is None else self.proc.poll()
 
     def tail(self, lines: int = 60) -> str:
         """The end of the operator's log."""

@@ -705,7 +705,10 @@ def annotations(cluster: Any) -> dict[str, str]:
     ({"vramguard.io/limits": '{"perPod":{}}'}, ""),        # added
     ({"vramguard.io/original-cpu": None}, "status"),       # through pods/status
     ({"vramguard.io/memory-limits": "{}"}, ""),            # the agent applies it: a tenant may not
-], ids=["change", "remove", "add", "status", "memory-limits"])
+    ({"vramguard.io/state-signature": "v1:" + "0" * 64}, ""),  # the seal on the state (issue 17)
+    ({"vramguard.io/violations": '[{"budget":"b","kind":"PodVRAM","since":"2024-01-01T00:00:00Z",'
+                                 '"step":"Evict"}]'}, ""),  # a forged step (issue 17)
+], ids=["change", "remove", "add", "status", "memory-limits", "seal", "forged-evict"])
 def test_a_tenant_may_not_edit_the_operators_state(cluster, tenant, change, sub):
     before = annotations(cluster)
     res = patch_as(cluster, TENANT, change, sub)

@@ -84,3 +84,7 @@ service:
 caBundle: {{ . }}
 {{- end }}
 {{- end }}
+
+{{- define "vramguard.stateKey.secretName" -}}
+{{- default (printf "%s-state-key" (include "vramguard.operator.fullname" .)) .Values.operator.stateKey.existingSecret }}
+{{- end }}

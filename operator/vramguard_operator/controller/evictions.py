@@ -7,6 +7,11 @@ from every bucket that applies. HTTP 429 (a PodDisruptionBudget) becomes an
 ``EvictionBlocked`` Event and a later retry, never a plain delete; a pod that
 is gone or was replaced (404, 409) is left alone. Never in an exempt namespace. A device-pressure eviction falls
 back to the next pod above its share on the device (``evict_first``).
+
+The ``Evicting`` Events (pod and budget) are posted just before the Eviction
+is sent, under the step's Event key: an evicted pod is gone at once (nothing
+would be left to say that its Event is missing after a crash), and a retry
+(after a 429, or a restart) updates the one Event instead of adding another.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from vramguard_operator.controller import crashpoints
 from vramguard_operator.controller.events import (
     EVENT_ACTION_FAILED,
     EVENT_EVICTION_BLOCKED,
@@ -98,13 +104,15 @@ class Evictor:
         # The token is spent before the call: an eviction that timed out may
         # have happened. Only a definite refusal gives it back.
         self.limiter.taken(d.pod.uid, scopes)
+        self.events.explain(d, d.event)
+        crashpoints.reached("before-eviction")
         try:
             self.evict_pod(d.pod)
         except API_ERRORS as err:
             if error_status(err) in (404, 409, 429):
                 self.limiter.refund(scopes)
             return self._refused(d, err)
-        self.events.explain(d, d.event)
+        crashpoints.reached("after-eviction")
         metrics.action("Evict", "success", ns)
         return "success"
 

@@ -182,10 +182,19 @@ class Snapshot:
     # ResourceClaims by (namespace, name) and ResourceSlices, trimmed (allocation_entries)
     claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     slices: list[dict[str, Any]] = field(default_factory=list)
+    # nodes that more than one NodeGPUUsage claims: why (which objects)
+    report_conflicts: dict[str, str] = field(default_factory=dict)
 
     def valid_reports(self) -> dict[str, NodeGPUUsage]:
         """Reports that parse, by node."""
         return {n: v.value for n, v in self.reports.items() if isinstance(v.value, NodeGPUUsage)}
+
+    def unknown_nodes(self) -> dict[str, str]:
+        """Nodes whose data cannot be believed whatever their report says, and
+        why: two reports claim the node, or its report does not parse."""
+        out = {n: f"its NodeGPUUsage does not parse: {v.value}" for n, v in self.reports.items() if isinstance(v.value, str)}
+        out.update(self.report_conflicts)
+        return out
 
     def valid_policies(self) -> dict[str, GPUMemoryPolicy]:
         """Policies that parse, by name."""
@@ -229,8 +238,11 @@ def snapshot_of(
         snap.pods[ns] = list(store)
     for node, store in reports.items():
         entries = list(store)
-        if entries:  # two reports naming one node: the newest wins
+        if entries:
             snap.reports[node] = max(entries, key=lambda v: _rv_int(v.resource_version))
+        if len({e.uid for e in entries}) > 1:  # two reports claim one node: neither is believed
+            names = sorted(e.value.metadata.name or e.uid if isinstance(e.value, NodeGPUUsage) else e.uid for e in entries)
+            snap.report_conflicts[node] = f"{len(names)} NodeGPUUsage objects report this node ({', '.join(names)})"
     for name, store in policies.items():
         for entry in store:
             snap.policies[name] = entry

@@ -44,7 +44,13 @@
   ``Unknown``).
 - ``vramguard_evaluation_errors_total{stage}`` (counter): evaluations of a group
   of namespaces that raised (``stage``: ``evaluate``, the engine; ``apply``, the
-  actions); the other groups go on, and the traceback is in the log.
+  actions; ``timeout``, an evaluation stopped at its time limit); the other
+  groups go on, and the traceback is in the log.
+- ``vramguard_object_problems_total{kind,reason}`` (counter): objects that
+  affect only themselves, once per object and problem: a budget held
+  (``InvalidSpec``, ``EvaluationFailed``, ``EvaluationTimeout``), a node report
+  not believed (``ReportInvalid``), escalation state on a pod not obeyed
+  (``StateRejected``); each is also a Warning Event on the object.
 """
 
 from __future__ import annotations
@@ -117,6 +123,12 @@ class Metrics:
         self._device_series: dict[tuple[str, str], str] = {}
         self.memory_limits, self.memory_limits_not_held = self._memory_limit_gauges()
         self._limits_series: set[tuple[str, str]] = set()
+        self.object_problems = Counter(
+            "vramguard_object_problems",
+            "Objects held, not believed or not obeyed (each affects only itself), by kind and reason.",
+            ["kind", "reason"],
+            registry=self.registry,
+        )
         self._violation_series: dict[tuple[str, str], set[str]] = {}
         self._ratio_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._leak_series: dict[tuple[str, str], set[str]] = {}
@@ -182,6 +194,10 @@ class Metrics:
     def evaluation_error(self, stage: str) -> None:
         """Count one group evaluation that raised at ``stage`` (evaluate or apply)."""
         self.evaluation_errors.labels(stage=stage).inc()
+
+    def object_problem(self, kind: str, reason: str) -> None:
+        """Count one object problem (see the module docstring)."""
+        self.object_problems.labels(kind=kind, reason=reason).inc()
 
     def observe_latency(self, seconds: float) -> None:
         """Record one evaluation's decision latency, seconds (negative clamps to 0)."""

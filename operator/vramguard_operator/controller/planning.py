@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
 from vramguard_operator.controller.indexes import BudgetEntry, Snapshot, Versioned, has_vramguard_state
 from vramguard_operator.engine import budget_status as bs
-from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput
+from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, HeldBudget
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.dra import DRAConfig
 from vramguard_operator.policy.plan import NamespacePolicy, namespace_policies
@@ -43,8 +44,9 @@ class Group:
 @dataclass(slots=True)
 class Plan:
     """One evaluation's work: engine groups, budgets whose spec does not parse
-    (their namespace is held: nothing is decided there until it is fixed), and
-    each namespace's policy."""
+    (each is held: nothing is decided for it, its records are kept, and the
+    rest of its namespace is evaluated as if it were absent), and each
+    namespace's policy."""
 
     groups: list[Group]
     invalid: list[Versioned[BudgetEntry]]
@@ -82,7 +84,11 @@ def plan(
     nodes = policy_plan.node_facts(snap.gpu_nodes, reports)
     pols = namespace_policies(snap.valid_policies(), snap.namespaces, scope, broken)
     invalid = [e for ns in scope for e in snap.budgets.get(ns, ()) if e.value.budget is None]
-    held = {e.value.namespace for e in invalid}
+    # a spec that does not parse: that budget is held (its records kept), the rest of its namespace goes on
+    held = {
+        (e.value.namespace, e.value.name): HeldBudget(e.uid, C.REASON_INVALID_SPEC, e.value.error or "invalid spec")
+        for e in invalid
+    }
     allocations = policy_plan.Allocations(
         claims=snap.claims,
         slices=snap.slices,
@@ -91,7 +97,7 @@ def plan(
     )
     budgets = {ns: [e.value.budget for e in snap.budgets.get(ns, ()) if e.value.budget is not None] for ns in scope}
     found = policy_plan.engine_groups(
-        [ns for ns in scope if ns not in held],
+        scope,
         pols,
         budgets,
         {ns: [p.value for p in snap.pods.get(ns, ())] for ns in scope},
@@ -103,13 +109,18 @@ def plan(
         config,
         memory.implicit_status if memory is not None else None,
         allocations,
+        held,
+        snap.unknown_nodes(),
     )
     groups = []
     for g in found:
         for problem in g.view.problems:
             log.warning("%s", problem)
         current = {
-            (ns, e.value.name): e.value.status_api() for ns in g.namespaces for e in snap.budgets.get(ns, ())
+            (ns, e.value.name): e.value.status_api()
+            for ns in g.namespaces
+            for e in snap.budgets.get(ns, ())
+            if e.value.budget is not None
         }
         groups.append(Group(g.policy, list(g.namespaces), g.input, current, g.view))
     return Plan(groups, invalid, pols)

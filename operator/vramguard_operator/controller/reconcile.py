@@ -11,7 +11,8 @@ fire on time without any event). Each evaluation:
    delivered yet;
 2. works out, per namespace, the effective GPUMemoryPolicy (cluster-wide mode,
    exempt namespaces, eviction rate limits) and groups namespaces by it;
-3. runs ``engine.evaluate`` once per group, in a worker thread;
+3. runs ``engine.evaluate`` once per group, in a worker thread, with a time
+   limit per budget (``isolation.GuardedEngine``);
 4. applies each output in the documented order (``applier.Applier``) and writes
    the budget statuses that changed.
 
@@ -33,10 +34,10 @@ from datetime import UTC, datetime
 from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyResult
 from vramguard_operator.controller.events import pod_object
 from vramguard_operator.controller.indexes import Overlay, Snapshot
+from vramguard_operator.controller.isolation import GuardedEngine
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.controller.planning import Group, Plan, invalid_status, note_resize_errors, plan
 from vramguard_operator.controller.settings import OperatorConfig
-from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     BudgetRef,
@@ -67,6 +68,7 @@ class Reconciler:
         self.applier = applier
         self.metrics = metrics
         self.clock = clock
+        self.engine = GuardedEngine(config.evaluation_timeout, metrics)
         self.overlay = Overlay()
         self.policy_memory = policy_plan.PolicyMemory()
         self.resize_errors: dict[str, tuple[str, str, str]] = {}  # uid -> (ns, pod, error)
@@ -158,10 +160,12 @@ class Reconciler:
         namespace's objects must not stop enforcement everywhere)."""
         where = ", ".join(group.namespaces)
         try:
-            out = evaluate(group.input)
+            out = self.engine.evaluate(group.input, where)
         except Exception:
             log.exception("evaluation of namespaces %s failed; other namespaces go on", where)
             self.metrics.evaluation_error("evaluate")
+            return
+        if out is None:  # ran out of time outside any budget: reported, skipped this time
             return
         for problem in out.problems:
             log.warning("%s", problem)
@@ -191,7 +195,7 @@ class Reconciler:
             if pod is not None:
                 self.resize_errors[uid] = (pod.namespace, pod.name, err)
         statuses = []
-        for upd in self.policy_memory.finish(out.statuses, group.view):
+        for upd in self.policy_memory.finish(self.applier.followed(out.statuses, result), group.view):
             errs = {
                 name: err
                 for ns, name, err in self.resize_errors.values()

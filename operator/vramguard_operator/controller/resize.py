@@ -5,7 +5,9 @@ given, request; memory is left alone).
 A refusal becomes a ``ThrottleFailed`` or ``RestoreFailed`` Event and a note
 for the budget's status (``ResizeOutcome.error``); a pod that is gone or was
 replaced (404, 409) is left alone. A throttle re-applied (its resize did not
-take earlier) is resized again without a new Event or action count.
+take earlier) is resized again without a new Event or action count; one
+whose Events were not posted when it fired (``repost``) posts them once the
+pod is at the target.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from vramguard_operator.controller import crashpoints
 from vramguard_operator.controller.events import EVENT_RESTORE_FAILED, EVENT_THROTTLE_FAILED, DecisionEvents
 from vramguard_operator.controller.kubeapi import API_ERRORS, error_status, error_text
 from vramguard_operator.engine.types import ContainerCPU, Decision, EventSpec, PodRef, Recover, Throttle
@@ -52,8 +55,14 @@ def merged_resize(decisions: Iterable[Throttle | Recover]) -> tuple[ContainerCPU
 
 def is_reapply(d: Decision) -> bool:
     """Whether ``d`` re-applies a throttle that fired earlier (its resize did not
-    take): resized again, without a new Event or action count."""
+    take): resized again, without a new action count."""
     return bool(getattr(d, "reapply", False))
+
+
+def is_silent(d: Decision) -> bool:
+    """Whether ``d`` is resized without an Event: a re-applied throttle whose
+    Events were posted when it fired."""
+    return is_reapply(d) and not d.repost
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +73,7 @@ class ResizeOutcome:
 
     pod: dict[str, Any] | None = None
     error: str | None = None
+    explained: bool = True
 
     @property
     def ok(self) -> bool:
@@ -105,37 +115,43 @@ class Resizer:
         refused = "refused" if isinstance(err, ApiException) else "failed"
         reason = EVENT_RESTORE_FAILED if restore else EVENT_THROTTLE_FAILED
         cpu = ", ".join(f"{c.name}={c.limit}" for c in containers)
+        explained = True
         for d in decisions:
-            if is_reapply(d):  # noted in the status; its Event was posted when it fired
+            if is_silent(d):  # noted in the status; its Event was posted when it fired
                 continue
             msg = (
                 f"budget {d.budget.namespace}/{d.budget.name}: {what} pod {pod.name} "
                 f"(CPU limit {cpu}) through pods/resize failed: {text}"
             )
-            self.events.explain(d, EventSpec("Warning", reason, msg))
+            explained = self.events.explain(d, EventSpec("Warning", reason, msg)) and explained
             self.events.metrics.action(d.action, "failed", pod.namespace)
-        return ResizeOutcome(error=f"resize {refused}: {text}")
+        return ResizeOutcome(error=f"resize {refused}: {text}", explained=explained)
 
-    def throttle(self, pod: PodRef, throttles: Sequence[Throttle]) -> ResizeOutcome | None:
-        """Resize for the throttles (None when none needs a resize); Events and
-        counts only for steps that fired now (a re-application of a throttle
-        whose resize did not take is silent)."""
+    def throttle(self, pod: PodRef, throttles: Sequence[Throttle]) -> tuple[ResizeOutcome | None, bool]:
+        """Resize for the throttles (no outcome when none needs a resize), then
+        post the Events of the steps that fired now or are reposted (a silent
+        re-application posts none). Returns the outcome and whether every
+        Event is there. Counts only steps that fired now."""
+        explained = True
         possible = [t for t in throttles if t.impossible_reason is None and t.resize]
         for t in throttles:
-            if is_reapply(t):
+            if is_silent(t) or t in possible:
                 continue
-            if t.impossible_reason is not None:
-                self.events.explain(t, t.event)
-                self.events.metrics.action("Throttle", "impossible", pod.namespace)
-            elif not t.resize:  # already at or below the throttled limit
-                self.events.explain(t, t.event)
-                self.events.metrics.action("Throttle", "success", pod.namespace)
+            # impossible, or nothing to resize (already at or below the throttled limit)
+            explained = self.events.explain(t, t.event) and explained
+            if not t.repost:
+                result = "impossible" if t.impossible_reason is not None else "success"
+                self.events.metrics.action("Throttle", result, pod.namespace)
         if not possible:
-            return None
+            return None, explained
         outcome = self.resize(pod, merged_resize(possible), possible)
-        if outcome.ok:
-            for t in possible:
-                if not is_reapply(t):
-                    self.events.explain(t, t.event)
-                    self.events.metrics.action("Throttle", "success", pod.namespace)
-        return outcome
+        if not outcome.ok:
+            return outcome, explained and outcome.explained
+        crashpoints.reached("after-resize")
+        for t in possible:
+            if is_silent(t):
+                continue
+            explained = self.events.explain(t, t.event) and explained
+            if not t.repost:
+                self.events.metrics.action("Throttle", "success", pod.namespace)
+        return outcome, explained

@@ -38,7 +38,10 @@ _DURATIONS = (
     ("--request-timeout", "VRAMGUARD_REQUEST_TIMEOUT", "10s", "timeout of each API call the actions make"),
     ("--watch-timeout", "VRAMGUARD_WATCH_TIMEOUT", "5m",
      "server-side timeout of kopf's watches (they are re-established)"),
+    ("--evaluation-timeout", "VRAMGUARD_EVALUATION_TIMEOUT", "30s",
+     "longest time one budget's evaluation may take; one that takes longer is held and reported"),
 )
+MIN_STATE_KEY_BYTES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,10 @@ class OperatorConfig:
     rate limit where no GPUMemoryPolicy selects the namespace.
     ``request_timeout``: timeout of each API call made by the actions.
     ``dra``: which ResourceSlice device attribute is a GPU's UUID and which
-    capacity its memory (docs/allocations.md).
+    capacity its memory (docs/allocations.md). ``evaluation_timeout``: the
+    longest one budget's evaluation (or another stage of a group's) may take
+    (``isolation``). ``state_key_file``: the file holding the key that seals
+    the state written on pods (``""``: none), and ``state_key`` its content.
     """
 
     evaluation_period: float = 5.0
@@ -63,10 +69,13 @@ class OperatorConfig:
     default_rate_limit: EvictionRateLimit = field(default_factory=EvictionRateLimit)
     request_timeout: float = 10.0
     dra: DRAConfig = field(default_factory=DRAConfig)
+    evaluation_timeout: float = 30.0
+    state_key_file: str = ""
+    state_key: bytes | None = field(default=None, repr=False)
 
     def engine(self) -> EngineConfig:
         """The engine's settings."""
-        return EngineConfig(freshness_seconds=self.freshness)
+        return EngineConfig(freshness_seconds=self.freshness, state_key=self.state_key)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -140,6 +149,32 @@ class _TrueWord(click.ParamType):
         return value if isinstance(value, bool) else str(value).strip().lower() == "true"
 
 
+class KeyFile(click.ParamType):
+    """A file holding the state key: at least 16 bytes once surrounding white
+    space is stripped (a mounted Secret's key); ``""`` is none."""
+
+    name = "file"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """The path, once the file is read and holds a key."""
+        path = str(value)
+        if path:
+            try:
+                key = read_key(path)
+            except OSError as err:
+                self.fail(f"cannot read the state key file {path!r}: {err.strerror or err}", param, ctx)
+            if len(key) < MIN_STATE_KEY_BYTES:
+                self.fail(f"the state key in {path!r} has {len(key)} bytes; want at least {MIN_STATE_KEY_BYTES}",
+                          param, ctx)
+        return path
+
+
+def read_key(path: str) -> bytes:
+    """The state key in ``path`` (surrounding white space stripped). Raises ``OSError``."""
+    with open(path, "rb") as f:
+        return f.read(4096).strip()
+
+
 def parameters() -> list[click.Parameter]:
     """The options of ``vramguard operator``, fresh objects each call."""
     env = env_option
@@ -170,6 +205,9 @@ def parameters() -> list[click.Parameter]:
         env("--dra-memory-capacity", "VRAMGUARD_DRA_MEMORY_CAPACITY", DEFAULT_MEMORY_CAPACITY,
             help="ResourceSlice device capacity that is a GPU's memory (env VRAMGUARD_DRA_MEMORY_CAPACITY; "
             f"default {DEFAULT_MEMORY_CAPACITY})"),
+        env("--state-key-file", "VRAMGUARD_STATE_KEY_FILE", "", type=KeyFile(),
+            help="file holding the key that seals the escalation state the operator writes on pods "
+            "(docs/operator.md, 'Forged state'); '' for none (env VRAMGUARD_STATE_KEY_FILE)"),
         *_webhook_parameters(),
         click.Option(["-v", "--verbose"], is_flag=True, help="log at DEBUG level"),
         click.Option(["-d", "--debug"], is_flag=True, help="DEBUG, with asyncio's logs"),
@@ -218,6 +256,9 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
         ),
         request_timeout=params["request_timeout"],
         dra=DRAConfig(params["dra_uuid_attribute"], params["dra_memory_capacity"]),
+        evaluation_timeout=params["evaluation_timeout"],
+        state_key_file=params["state_key_file"],
+        state_key=read_key(params["state_key_file"]) if params["state_key_file"] else None,
     )
     webhook = None
     if params["webhook_port"] is not None:

@@ -13,18 +13,29 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWarning, Violation
-from vramguard_operator.engine import caps, steps
 from vramguard_operator.engine import ladder as lad
+from vramguard_operator.engine import steps
 from vramguard_operator.engine import warnings as warn
 from vramguard_operator.engine.inputs import PodFacts
 from vramguard_operator.engine.keys import BudgetRef
 from vramguard_operator.engine.measure import BudgetLimits, Node, budget_measures
-from vramguard_operator.engine.records import ViolationRecord, merge_records, records_from_status, throttled
+from vramguard_operator.engine.records import (
+    ViolationRecord,
+    merge_records,
+    records_from_status,
+    step_rank,
+    throttled,
+)
 from vramguard_operator.engine.selectors import compile_selector
-from vramguard_operator.engine.status import StatusFacts, budget_status, invalid_status, violation_entry
+from vramguard_operator.engine.spec_check import spec_problem
+from vramguard_operator.engine.status import StatusFacts, budget_status, violation_entry
 from vramguard_operator.engine.work import BudgetResult, BudgetWork, PassState, Selection
 
 _DONE_PHASES = ("Succeeded", "Failed")
+
+
+class InvalidSpec(ValueError):
+    """A budget's spec cannot be evaluated; the message names the field and the value."""
 
 
 def evaluate_budget(
@@ -43,25 +54,24 @@ def evaluate_budget(
     effective mode is Enforce. ``device_limits``: bytes by device UUID that
     replace ``perDevice`` on those devices (``EngineInput.device_limits``).
     ``soft_limits``: the policy asks for soft limits at the shares (for a
-    budget that leaves ``enforcement.softLimits`` unset). An invalid spec
-    decides nothing: its result holds only the status (Ready=False naming the
-    field) and keeps the memory limits of the pods it holds."""
+    budget that leaves ``enforcement.softLimits`` unset). Raises
+    ``InvalidSpec`` (naming the field and the value) for a spec that cannot be
+    evaluated; the driver holds such a budget (``HeldBudget``) and keeps the
+    memory limits of the pods it holds."""
     meta = budget.metadata
     ref = BudgetRef(meta.namespace or "", meta.name or "", meta.uid or "")
     spec = budget.spec
     default_cpu = state.config.default_throttle_cpu
+    problem = spec_problem(spec)
+    if problem is not None:
+        raise InvalidSpec(problem)
     try:
         matcher = compile_selector(spec.selector)
         ladder = lad.ladder_of(spec, default_cpu)
         leak_ladder = lad.ladder_of(spec, default_cpu, leak=True)
         limits = BudgetLimits.of(spec, state.config.recovery_margin, device_limits or {})
-    except ValueError as err:
-        held = {
-            uid: caps.HOLD
-            for uid, recs in state.pod_records.items()
-            if any(k.namespace == ref.namespace and k.budget == ref.name for k in recs)
-        }
-        return BudgetResult(ref, invalid_status(budget, str(err), state.now), limits=held)
+    except (ValueError, ArithmeticError) as err:  # OverflowError is an ArithmeticError
+        raise InvalidSpec(str(err)) from err
     w = BudgetWork(state, ref, acting, ladder, leak_ladder)
     matched = [p for p in ns_pods if p.phase not in _DONE_PHASES and matcher(p.labels)]
     running = [p for p in matched if p.phase == "Running" and not p.terminating and p.node_name]
@@ -73,14 +83,16 @@ def evaluate_budget(
     touched = {k.pod for k in w.records} | {pw.pod for pw in prev_warnings.values()}
     candidates = _move_all(w, limits, ns_pods, prev_warnings, touched)
     _unmeasured(w, ns_pods, {p.uid for p in matched})
+    if w.acting:
+        steps.repost_pending(w)
     steps.want_caps(w)
     own = spec.enforcement.soft_limits
     steps.want_soft_limits(w, limits, own == "Share" or (own is None and soft_limits))
     kept, new = warn.settle(candidates, state.config.max_status_entries, w.now)
     for m in new:
         steps.warn(w, m, limits.threshold)
-    status = _status(w, budget, len(matched), enforce, kept, len(candidates))
-    return w.result(status, len(matched), Selection(ref, budget, limits, matched))
+    status, unwritten = _status(w, budget, len(matched), enforce, kept, len(candidates))
+    return w.result(status, unwritten, len(matched), Selection(ref, budget, limits, matched))
 
 
 def _load_records(w: BudgetWork, budget: GPUMemoryBudget, ns_pods: list[PodFacts]) -> None:
@@ -109,6 +121,28 @@ def _load_records(w: BudgetWork, budget: GPUMemoryBudget, ns_pods: list[PodFacts
             w.records[key] = rec if old is None else merge_records(old, rec)
             if throttled(rec):
                 w.add_throttle_target(uid, key)
+    if w.acting:
+        _catch_up_pods(w, ns_pods)
+
+
+def _catch_up_pods(w: BudgetWork, ns_pods: list[PodFacts]) -> None:
+    """Write back on a running pod an Annotate or Throttle step that the budget's
+    record holds for real and the pod's own record lacks (its annotation was
+    removed, or not believed: ``engine.seal``), so that the pod and the budget
+    agree: a pod held at Throttle without a record of it on the pod would be
+    restored, then throttled again, over and over. (A step is recorded in
+    status only once it is on the pod, so the budget's record is the
+    operator's own.)"""
+    by_name = {p.name: p for p in ns_pods}
+    for key, rec in w.records.items():
+        if key.pod is None or rec.dry_run or rec.opened_at is None or rec.step not in ("Annotate", "Throttle", "Cap"):
+            continue
+        pod = by_name.get(key.pod)
+        if pod is None or pod.terminating or pod.phase != "Running":
+            continue
+        own = w.records_on(pod.uid).get(key)
+        if own is None or step_rank(own.step) < step_rank(rec.step):
+            w.merge_on_pod(pod.uid, replace(rec, events_posted=True))
 
 
 def _move_all(
@@ -148,7 +182,7 @@ def _move_all(
             steps.close(w, rec, m, "UsageBelowLimit", ns_pods)
             continue
         next_records[key] = rec
-        if due is not None:
+        if due is not None and not steps.pending_events(w, key):
             steps.fire(w, rec, m, due)
         steps.reapply_throttle(w, rec, m)
     return candidates
@@ -174,8 +208,10 @@ def _unmeasured(w: BudgetWork, ns_pods: list[PodFacts], selected: set[str]) -> N
 
 def _status(
     w: BudgetWork, budget: GPUMemoryBudget, matched: int, enforce: bool, kept: list[LimitWarning], count: int
-) -> GPUMemoryBudgetStatus:
-    """The budget's status; ``kept``: the warnings kept, of ``count`` in all."""
+) -> tuple[GPUMemoryBudgetStatus, GPUMemoryBudgetStatus | None]:
+    """The budget's status, and the status should the pods' writes of the steps
+    fired now fail (None when none fired): the status follows the pods.
+    ``kept``: the warnings kept, of ``count`` in all."""
 
     def entry(rec: ViolationRecord) -> Violation:
         m = w.measured.get(rec.key)
@@ -184,5 +220,11 @@ def _status(
         cap = steps.cap_status(w, rec, m) if known and m is not None else None
         return violation_entry(rec, m, lambda r, mm: steps.next_of(w, r, mm), impossible, cap)
 
-    facts = StatusFacts(matched, w.data, enforce, list(w.next_records.values()), w.measured, kept, count)
-    return budget_status(budget, facts, w.now, w.config.max_status_entries, entry)
+    def build(records: list[ViolationRecord]) -> GPUMemoryBudgetStatus:
+        facts = StatusFacts(matched, w.data, enforce, records, w.measured, kept, count)
+        return budget_status(budget, facts, w.now, w.config.max_status_entries, entry)
+
+    status = build(list(w.next_records.values()))
+    if not w.unfired:
+        return status, None
+    return status, build([w.unfired.get(k, r) for k, r in w.next_records.items()])

@@ -63,9 +63,11 @@ def ready(message: str) -> ConditionSpec:
     return ConditionSpec(C.READY, "True", C.REASON_VALID, message)
 
 
-def invalid(message: str) -> ConditionSpec:
-    """Ready=False: the spec cannot be evaluated (the message names the field)."""
-    return ConditionSpec(C.READY, "False", C.REASON_INVALID_SPEC, message)
+def invalid(message: str, reason: str = C.REASON_INVALID_SPEC) -> ConditionSpec:
+    """Ready=False: the budget is not evaluated: its spec cannot be
+    (``InvalidSpec``, the message names the field), or its evaluation raised
+    (``EvaluationFailed``) or ran out of time (``EvaluationTimeout``)."""
+    return ConditionSpec(C.READY, "False", reason, message)
 
 
 def violating(limit_kinds: int, leak_kinds: int, message: str) -> ConditionSpec:
@@ -85,15 +87,23 @@ def warning(count: int, message: str) -> ConditionSpec:
     return ConditionSpec(C.WARNING, "False", C.REASON_BELOW_WARNING_THRESHOLD, "usage below the warning threshold")
 
 
-def data_stale(stale_nodes: Sequence[str], missing_nodes: Sequence[str]) -> ConditionSpec:
-    """DataStale: True with ReportStale (or ReportMissing when no stale report but
-    a node has none), False with ReportsFresh."""
+def data_stale(
+    stale_nodes: Sequence[str], missing_nodes: Sequence[str], invalid: Mapping[str, str] | None = None
+) -> ConditionSpec:
+    """DataStale: True with ReportInvalid (a node's report is not believed:
+    ``invalid`` maps the node to why), else ReportStale, else ReportMissing
+    when a node has no report; False with ReportsFresh."""
     parts = []
+    if invalid:
+        shown = sorted(invalid)[:10]
+        parts.append("node reports not believed: " + "; ".join(f"{n}: {invalid[n]}" for n in shown))
     if stale_nodes:
         parts.append(f"stale node reports: {', '.join(stale_nodes[:10])}")
     if missing_nodes:
         parts.append(f"no node report: {', '.join(missing_nodes[:10])}")
     message = "; ".join(parts) + ("; no action on their pods" if parts else "")
+    if invalid:
+        return ConditionSpec(C.DATA_STALE, "True", C.REASON_REPORT_INVALID, message)
     if stale_nodes:
         return ConditionSpec(C.DATA_STALE, "True", C.REASON_REPORT_STALE, message)
     if missing_nodes:

@@ -30,13 +30,16 @@ class EngineConfig:
     between that and the limit the violation stays open but never escalates).
     ``default_throttle_cpu``: CPU limit set by a Throttle step without
     ``cpuLimit``. ``max_status_entries``: bound on ``status.violations`` and
-    ``status.warnings``.
+    ``status.warnings``. ``state_key``: the key that seals the escalation
+    state written on pods (``engine.seal``); None: state is neither sealed nor
+    checked (anyone who can update a pod can forge it, docs/operator.md).
     """
 
     freshness_seconds: float = DEFAULT_FRESHNESS_SECONDS
     recovery_margin: float = DEFAULT_RECOVERY_MARGIN
     default_throttle_cpu: str = DEFAULT_THROTTLE_CPU
     max_status_entries: int = MAX_STATUS_ENTRIES
+    state_key: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,21 @@ def _container_facts(container: Mapping[str, Any]) -> ContainerFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldBudget:
+    """A budget that is not evaluated this time, and why: its spec does not
+    parse (``InvalidSpec``), its evaluation raised (``EvaluationFailed``) or ran
+    out of time (``EvaluationTimeout``). Nothing is decided for it and its
+    escalation state is kept as it is (its records on pods neither escalate
+    nor close, a pod it throttled stays throttled); everything else is
+    evaluated as if it were absent. ``uid``: the budget's uid (its records on
+    pods are told from a deleted budget's by it)."""
+
+    uid: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInput:
     """One evaluation's snapshot.
 
@@ -169,6 +187,12 @@ class EngineInput:
     pods on a device, so it needs them all in one evaluation: callers that
     evaluate subsets pass every pod sharing a device with one evaluated
     (docs/device-pressure.md).
+    those devices only. ``held``: by (namespace, name), budgets not to
+    evaluate (``HeldBudget``); one given in ``budgets`` too gets the status
+    Ready=False with the reason, one that is not (its spec does not parse)
+    only keeps its records. ``unknown_nodes``: by node name, why the data of a
+    node cannot be believed whatever its report says (two reports claim it,
+    its report does not parse): no action on its pods, as on a stale report.
     """
 
     budgets: tuple[GPUMemoryBudget, ...]
@@ -180,3 +204,5 @@ class EngineInput:
     device_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     pressure_rules: Mapping[str, PressureRule] = field(default_factory=dict)
     device_shares: Mapping[str, int] = field(default_factory=dict)
+    held: Mapping[tuple[str, str], HeldBudget] = field(default_factory=dict)
+    unknown_nodes: Mapping[str, str] = field(default_factory=dict)

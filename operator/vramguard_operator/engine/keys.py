@@ -22,6 +22,11 @@ ANNOTATION_ORIGINAL_CPU = "vramguard.io/original-cpu"
 """CPU resources before throttling: compact JSON ``{"<container>": {"limit": "2",
 "request": "500m"}}`` (``null`` for an unset request). Present exactly while the
 pod is throttled by vramguard."""
+ANNOTATION_STATE_SIGNATURE = "vramguard.io/state-signature"
+"""HMAC-SHA256 of the pod's uid, ``vramguard.io/violations`` and
+``vramguard.io/original-cpu`` under the operator's state key (``v1:<hex>``),
+present while either is and a key is configured (``engine.seal``): state
+that does not verify was not written by this operator and is not obeyed."""
 
 ANNOTATION_MEMORY_LIMITS = MEMORY_LIMITS_ANNOTATION
 """Driver-enforced memory limits the pod's node agent applies: compact JSON
@@ -44,6 +49,12 @@ EVENT_DEVICE_PRESSURE = "DevicePressure"
 """A device-pressure eviction (docs/device-pressure.md)."""
 EVENT_DEVICE_WILL_RUN_OUT = "DeviceWillRunOut"
 """Device pressure with no pod above its share that could be evicted."""
+# Problems with objects (``ObjectProblem.reason``): each affects only its object.
+EVENT_INVALID_SPEC = "InvalidSpec"
+EVENT_EVALUATION_FAILED = "EvaluationFailed"
+EVENT_EVALUATION_TIMEOUT = "EvaluationTimeout"
+EVENT_REPORT_INVALID = "ReportInvalid"
+EVENT_STATE_REJECTED = "StateRejected"
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -20,17 +20,19 @@ from vramguard_api.usage import NodeGPUUsage, PodUsage
 from vramguard_operator.engine.inputs import PodFacts
 from vramguard_operator.engine.keys import ViolationKey
 from vramguard_operator.engine.leak_rule import LeakThresholds, leak_cleared, leak_growth, leak_holds
+from vramguard_operator.engine.report_checks import report_problem
 
-DataState = Literal["Fresh", "Stale", "Missing"]
+DataState = Literal["Fresh", "Stale", "Missing", "Invalid"]
 
 
 @dataclass(slots=True)
 class Node:
     """A node's report as the engine reads it: its state, the pods it measured by
     uid, each device's usable memory (bytes, None when unknown), whether the
-    report holds every GPU process on the node, and for memory limits
-    (``engine.caps``) the devices that report them unsupported (uuid -> why)
-    and whether the agent applies them (``enforceCaps``; None: not said)."""
+    report holds every GPU process on the node, for an ``Invalid`` one why
+    its numbers are not believed, and for memory limits (``engine.caps``) the
+    devices that report them unsupported (uuid -> why) and whether the agent
+    applies them (``enforceCaps``; None: not said)."""
 
     state: DataState
     report: NodeGPUUsage | None = None
@@ -39,12 +41,14 @@ class Node:
     complete: bool = True
     limits_unsupported: dict[str, str] = field(default_factory=dict)
     enforce_caps: bool | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PodData:
     """One selected, running pod's measured usage in bytes (None: unknown);
-    ``devices`` holds ``(uuid, used, usable)`` per device."""
+    ``devices`` holds ``(uuid, used, usable)`` per device; ``reason``: why its
+    node's report is not believed (state ``Invalid``)."""
 
     pod: PodFacts
     state: DataState
@@ -52,16 +56,30 @@ class PodData:
     ram: int | None
     devices: tuple[tuple[str, int | None, int | None], ...]
     trend: TrendFeatures | None
+    reason: str | None = None
 
 
-def read_nodes(reports: Mapping[str, NodeGPUUsage], now: datetime, freshness: float) -> dict[str, Node]:
-    """Each node's report read at ``now``: Missing without a status, Stale when its
-    ``sampleTime`` is more than ``freshness`` seconds from ``now`` (either way)."""
-    out: dict[str, Node] = {}
+def read_nodes(
+    reports: Mapping[str, NodeGPUUsage],
+    now: datetime,
+    freshness: float,
+    unknown: Mapping[str, str] | None = None,
+) -> dict[str, Node]:
+    """Each node's report read at ``now``: Missing without a status, Invalid when
+    ``unknown`` names the node or its numbers contradict themselves
+    (``report_checks``), Stale when its ``sampleTime`` is more than
+    ``freshness`` seconds from ``now`` (either way)."""
+    out: dict[str, Node] = {name: Node("Invalid", reports.get(name), reason=why) for name, why in (unknown or {}).items()}
     for name, rep in reports.items():
+        if name in out:
+            continue
         st = rep.status
         if st is None:
             out[name] = Node("Missing")
+            continue
+        problem = report_problem(st)
+        if problem is not None:
+            out[name] = Node("Invalid", rep, reason=problem)
             continue
         age = (now - st.sample_time).total_seconds()
         # a sample time further ahead than the bound is clock skew: it cannot be trusted
@@ -91,7 +109,7 @@ def pod_data(pod: PodFacts, nodes: Mapping[str, Node]) -> PodData:
     if node is None:
         return PodData(pod, "Missing", None, None, (), None)
     if node.state != "Fresh":
-        return PodData(pod, node.state, None, None, (), None)
+        return PodData(pod, node.state, None, None, (), None, node.reason)
     usage = node.by_uid.get(pod.uid)
     if usage is None:
         # Every GPU process on the node is in a complete report, attributed or not:

@@ -17,7 +17,13 @@ from datetime import datetime, timedelta
 from vramguard_api.budget import Action
 from vramguard_api.units import format_bytes, format_seconds
 from vramguard_api.usage import PodMemoryLimit
-from vramguard_operator.engine.keys import ANNOTATION_ORIGINAL_CPU, BudgetRef, ViolationKey
+from vramguard_operator.engine.keys import (
+    ANNOTATION_ORIGINAL_CPU,
+    ANNOTATION_STATE_SIGNATURE,
+    ANNOTATION_VIOLATIONS,
+    BudgetRef,
+    ViolationKey,
+)
 from vramguard_operator.engine.ladder import Ladder
 from vramguard_operator.engine.measure import Measure
 from vramguard_operator.engine.pressure import Occupant, Verdict
@@ -82,7 +88,8 @@ def step_text(
     key = rec.key
     head = f"budget {budget.namespace}/{budget.name}: "
     if key.kind == "Leak":
-        head += f"{subject(key)} leaks: {leak_detail(m)}."
+        detail = leak_detail(m) or f"VRAM grows {value(key, m.observed or 0)}, threshold {value(key, m.limit)}"
+        head += f"{subject(key)} leaks: {detail}."
     else:
         head += (
             f"{subject(key)} is {format_bytes(m.observed)}, above its {key.kind} limit "
@@ -297,3 +304,33 @@ def pressure_entry_message(v: Verdict | None, o: Occupant, state: str) -> str:
     if state == "Leaving":
         return "evicted for device pressure: waiting for its memory to be freed"
     return "no fresh, complete data on the device: kept as it was"
+def state_rejected(namespace: str, pod: str, annotations: Mapping[str, str]) -> str:
+    """A pod whose escalation state is not sealed by this operator's key."""
+    shown = {k: annotations[k][:120] for k in (ANNOTATION_VIOLATIONS, ANNOTATION_ORIGINAL_CPU) if k in annotations}
+    why = "has no seal" if ANNOTATION_STATE_SIGNATURE not in annotations else "does not match its seal"
+    return (
+        f"pod {namespace}/{pod}: its vramguard state {shown} {why} (it was not written by this operator: "
+        "edited by hand, forged, or written under another state key): not obeyed, and replaced by the "
+        "state the operator holds"
+    )[:1024]
+
+
+def evaluation_failed(err: BaseException) -> str:
+    """A budget whose evaluation raised: the error, and that it is skipped."""
+    return (
+        f"evaluating this budget raised {type(err).__name__}: {str(err)[:300]}; it is skipped (its escalation "
+        "state kept, nothing decided) until it changes; other budgets are not affected"
+    )
+
+
+def evaluation_timeout(seconds: float) -> str:
+    """A budget whose evaluation ran out of time."""
+    return (
+        f"evaluating this budget took longer than {format_seconds(seconds)}; it is skipped (its escalation state "
+        "kept, nothing decided) until it changes or 10 minutes pass; other budgets are not affected"
+    )
+
+
+def report_invalid(node: str, reason: str) -> str:
+    """A node report whose numbers are not believed."""
+    return f"the report of node {node} is not believed: {reason}; no action on its pods until it is consistent"

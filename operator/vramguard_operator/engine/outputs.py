@@ -21,11 +21,18 @@ EventType = Literal["Normal", "Warning"]
 
 @dataclass(frozen=True, slots=True)
 class EventSpec:
-    """A Kubernetes Event to post on the decision's pod (if any) and on its budget."""
+    """A Kubernetes Event to post on the decision's pod (if any) and on its budget.
+
+    ``key``: the identity of what the Event explains (a step, a recovery or an
+    eviction of one violation, ``event_key``), when it has one. The Event's
+    name follows from it and the object, so that posting it again (a retry,
+    or a restart that finds it unposted) updates the Event instead of adding
+    another; None: repeats are counted by content (client-go's correlator)."""
 
     type: EventType
     reason: str
     message: str
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,9 @@ class DecisionBase:
     it due; both None when the ladder is exhausted). ``time`` is the
     evaluation's ``now`` (whole seconds). ``action`` names the decision for
     metrics and the replay (a ``DryRunStep`` reports the step it stands for).
+    ``repost``: the step fired at an earlier evaluation and the pod's record
+    says its Events were not all posted (the operator stopped in between):
+    post them now (once the action they explain is done), count no new action.
     """
 
     budget: BudgetRef
@@ -61,6 +71,7 @@ class DecisionBase:
     event: EventSpec
     next_step: Action | None = None
     next_step_time: datetime | None = None
+    repost: bool = False
 
     @property
     def action(self) -> DecisionAction:
@@ -181,10 +192,14 @@ SIDE_EFFECT_DECISIONS: tuple[type, ...] = (Annotate, Throttle, Cap, Evict)
 @dataclass(frozen=True, slots=True)
 class PodPatch:
     """Annotation changes for one pod, as a JSON merge patch on
-    ``metadata.annotations`` (``None`` removes the key)."""
+    ``metadata.annotations`` (``None`` removes the key): ``annotations`` before
+    the pod's actions (the escalation state, steps' Events marked unposted),
+    ``explained`` once the Events of its steps are posted (the records marked
+    posted); either may be empty."""
 
     pod: PodRef
     annotations: Mapping[str, str | None]
+    explained: Mapping[str, str | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,10 +216,36 @@ class PodMemoryLimits:
 
 @dataclass(frozen=True, slots=True)
 class BudgetStatusUpdate:
-    """The desired status of one budget (compare with the current one before writing)."""
+    """The desired status of one budget (compare with the current one before writing).
+
+    A budget's status follows its pods: ``unwritten`` is the status to write
+    instead when the annotation patch of any pod in ``pods`` failed (the
+    steps this evaluation fired on those pods rolled back; None when it fired
+    none)."""
 
     budget: BudgetRef
     status: GPUMemoryBudgetStatus
+    unwritten: GPUMemoryBudgetStatus | None = None
+    pods: frozenset[str] = frozenset()
+
+
+ProblemKind = Literal["Pod", "GPUMemoryBudget", "NodeGPUUsage"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectProblem:
+    """Something wrong with one object, which affects that object only: a budget
+    held (``HeldBudget``), a node report not believed, escalation state on a
+    pod not obeyed. The operator posts it as a Warning Event on the object
+    (once per problem) and counts it. ``namespace`` is empty for a
+    cluster-scoped object; ``reason`` is CamelCase (``keys.EVENT_*``)."""
+
+    kind: ProblemKind
+    namespace: str
+    name: str
+    uid: str
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,3 +284,5 @@ class EngineOutput:
     is skipped); for the operator's log. Each names the object, field and value."""
     devices: tuple[DevicePressureReport, ...] = ()
     """The devices a device-pressure rule applies to, in node and device order."""
+    object_problems: tuple[ObjectProblem, ...] = ()
+    """Objects held or not believed in this evaluation, for Events and metrics."""

@@ -51,7 +51,12 @@ class ViolationRecord:
     once the budget enforces, such a step is disregarded and the ladder fires
     the due steps for real. ``evict_target_uid``: for a Total violation whose
     Evict is due, the uid of the pod chosen for eviction; the step is recorded
-    once that pod is terminating or gone.
+    once that pod is terminating or gone. ``events_posted``: on a pod, whether
+    the Events of ``step`` (on the pod and the budget's copy) were posted: a
+    step's record is written before its action with False and marked True
+    once its Events are posted, so that an operator stopped in between posts
+    them at its next evaluation (the annotation says ``"eventsPosted":
+    false`` only while they are not; a status record is always True).
     All times are whole seconds (metav1.Time's resolution).
     """
 
@@ -65,6 +70,7 @@ class ViolationRecord:
     limit_bytes: int | None = None
     dry_run: bool = False
     evict_target_uid: str | None = None
+    events_posted: bool = True
 
 
 def step_rank(step: Action | None) -> int:
@@ -143,6 +149,8 @@ def record_to_json(rec: ViolationRecord) -> dict[str, Any]:
         out["limitBytes"] = rec.limit_bytes
     if rec.evict_target_uid is not None:
         out["evictTargetUID"] = rec.evict_target_uid
+    if not rec.events_posted:
+        out["eventsPosted"] = False
     return out
 
 
@@ -210,7 +218,16 @@ def _record_from_json(entry: Any, namespace: str, pod: str) -> ViolationRecord:
         observed_bytes=_opt_int(entry.get("observedBytes"), "observedBytes"),
         limit_bytes=_opt_int(entry.get("limitBytes"), "limitBytes"),
         evict_target_uid=_opt_str(entry, "evictTargetUID"),
+        events_posted=_opt_bool(entry.get("eventsPosted"), "eventsPosted", True),
     )
+
+
+def _opt_bool(value: Any, field: str, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{field}: want true or false, got {_short(value)}")
+    return value
 
 
 def _short(value: Any) -> str:
@@ -269,11 +286,14 @@ def records_from_status(budget: GPUMemoryBudget) -> list[ViolationRecord]:
 
 def merge_records(a: ViolationRecord, b: ViolationRecord) -> ViolationRecord:
     """Merge two records of the same key: earliest since/openedAt, furthest step
-    (a step that fired beats one that only would have fired, at equal rank)."""
+    (a step that fired beats one that only would have fired, at equal rank);
+    the furthest step's Events count as posted only when every record of it
+    says so."""
     further, other = (a, b) if (step_rank(a.step), not a.dry_run) >= (step_rank(b.step), not b.dry_run) else (b, a)
     opened = [t for t in (a.opened_at, b.opened_at) if t is not None]
     observed = further.observed_bytes if further.observed_bytes is not None else other.observed_bytes
     limit = further.limit_bytes if further.limit_bytes is not None else other.limit_bytes
+    same_step = (other.step, other.dry_run) == (further.step, further.dry_run)
     return replace(
         further,
         since=min(a.since, b.since),
@@ -282,4 +302,15 @@ def merge_records(a: ViolationRecord, b: ViolationRecord) -> ViolationRecord:
         observed_bytes=observed,
         limit_bytes=limit,
         evict_target_uid=further.evict_target_uid or other.evict_target_uid,
+        events_posted=further.events_posted and (other.events_posted or not same_step),
     )
+
+
+def event_key(budget_uid: str, key: ViolationKey, opened_at: datetime | None, what: str) -> str:
+    """The identity of an Event about one violation (``EventSpec.key``): the
+    budget's uid, the violation, when it opened (one occurrence of it) and
+    what happened (a step, ``Recovered``). The same step of the same
+    violation always has the same key, so its Event is posted once."""
+    opened = "" if opened_at is None else format_time(opened_at)
+    parts = (key.namespace, key.budget, budget_uid, key.kind, key.pod or "", key.device or "", opened, what)
+    return "|".join(parts)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from vramguard_api import conditions as C
 from vramguard_api.budget import (
     Action,
     BudgetUsage,
@@ -65,12 +66,13 @@ def budget_status(
     ) + (f"; and {more} more" if more > 0 else "")
     stale = sorted({d.pod.node_name or "" for d in facts.data if d.state == "Stale"})
     missing = sorted({d.pod.node_name or "" for d in facts.data if d.state == "Missing"})
+    invalid = {d.pod.node_name or "": d.reason or "" for d in facts.data if d.state == "Invalid"}
     mode: Mode = "Enforce" if facts.enforce else "DryRun"
     wanted = [
         bs.ready(f"selects {facts.matched} pods; mode {mode}"),
         bs.violating(len(opened) - leaks, leaks, f"{len(opened)} open: {vio_msg}"),
         bs.warning(facts.warning_count, warn_msg),
-        bs.data_stale(stale, missing),
+        bs.data_stale(stale, missing, invalid),
     ]
     gen = budget.metadata.generation
     violations = [violation(r) for r in records[:bound]]
@@ -132,17 +134,18 @@ def violation_entry(
     )
 
 
-def invalid_status(budget: GPUMemoryBudget, message: str, now: datetime) -> GPUMemoryBudgetStatus:
-    """The status of a budget whose spec cannot be evaluated: Ready=False naming
-    the field; the escalation state is kept (nothing is decided on it)."""
+def invalid_status(
+    budget: GPUMemoryBudget, message: str, now: datetime, reason: str = C.REASON_INVALID_SPEC
+) -> GPUMemoryBudgetStatus:
+    """The status of a budget that is not evaluated: Ready=False with ``reason``
+    and ``message`` (its spec cannot be evaluated, naming the field; or its
+    evaluation failed or ran out of time); the escalation state and the other
+    conditions are kept (nothing is decided on it)."""
     gen = budget.metadata.generation
     prev = budget.status or GPUMemoryBudgetStatus()
-    return prev.model_copy(
-        update={
-            "observed_generation": gen,
-            "conditions": bs.settle_conditions([bs.invalid(message)], prev.conditions, gen, now),
-        }
-    )
+    ready = bs.settle_conditions([bs.invalid(message, reason)], prev.conditions, gen, now)
+    kept = [c for c in prev.conditions or () if c.type != ready[0].type]
+    return prev.model_copy(update={"observed_generation": gen, "conditions": [*ready, *kept]})
 
 
 def status_order(r: ViolationRecord) -> tuple[int, int, str, str, str]:

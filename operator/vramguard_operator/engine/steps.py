@@ -31,6 +31,7 @@ from vramguard_operator.engine.keys import (
     EVENT_THROTTLE_IMPOSSIBLE,
     EVENT_THROTTLED,
     PodRef,
+    ViolationKey,
 )
 from vramguard_operator.engine.measure import BudgetLimits, Measure, PodData
 from vramguard_operator.engine.outputs import (
@@ -44,7 +45,7 @@ from vramguard_operator.engine.outputs import (
     Throttle,
     Warn,
 )
-from vramguard_operator.engine.records import TOTAL_KINDS, ViolationRecord, capped, throttled
+from vramguard_operator.engine.records import TOTAL_KINDS, ViolationRecord, capped, event_key, throttled
 from vramguard_operator.engine.throttle import parse_original, plan_throttle
 from vramguard_operator.engine.work import BudgetWork, Fire
 
@@ -77,18 +78,27 @@ def fire(w: BudgetWork, rec: ViolationRecord, m: Measure, rung: lad.LadderStep) 
         dry: list[PodData | None] = [*targets] or [None]
         for target in dry:
             text = msg.dry_run_text(rung.action, _text(w, f, None))
-            w.emit(DryRunStep, f, target, EventSpec("Warning", EVENT_DRY_RUN, text), would=rung.action)
+            event = EventSpec("Warning", EVENT_DRY_RUN, text, _key(w, done, f"DryRun{rung.action}"))
+            w.emit(DryRunStep, f, target, event, would=rung.action)
         return
     for d in targets:
         if rung.action == "Annotate":
             text = _text(w, f, "Annotate")
-            reason = EVENT_LEAK_DETECTED if m.key.kind == "Leak" else EVENT_LIMIT_EXCEEDED
-            w.emit(Annotate, f, d, EventSpec("Warning", reason, text))
+            w.emit(Annotate, f, d, EventSpec("Warning", _annotate_reason(m.key), text, _key(w, done, "Annotate")))
         elif rung.action == "Cap":
             _cap(w, f, d, rung)
         else:
             _throttle(w, f, d, rung)
-        w.merge_on_pod(d.pod.uid, done)
+        w.fired_on_pod(d.pod.uid, rec, done)
+
+
+def _annotate_reason(key: ViolationKey) -> str:
+    return EVENT_LEAK_DETECTED if key.kind == "Leak" else EVENT_LIMIT_EXCEEDED
+
+
+def _key(w: BudgetWork, rec: ViolationRecord, what: str) -> str:
+    """The Event key of ``what`` (a step, ``Recovered``) for ``rec``'s violation."""
+    return event_key(w.ref.uid or rec.budget_uid, rec.key, rec.opened_at, what)
 
 
 def _targets(w: BudgetWork, action: Action, m: Measure) -> list[PodData]:
@@ -135,34 +145,51 @@ def _evict(w: BudgetWork, f: Fire, d: PodData) -> None:
         return  # one Evict per pod per evaluation, whichever violation asks first
     w.start_evicting(d.pod.uid)
     text = _text(w, f, "Evict")
-    w.emit(Evict, f, d, EventSpec("Warning", EVENT_EVICTING, text), reason=text)
+    w.emit(Evict, f, d, EventSpec("Warning", EVENT_EVICTING, text, _key(w, f.rec, "Evict")), reason=text)
 
 
-def _throttle(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep, reapply: bool = False) -> None:
-    """A Throttle decision for ``d`` (``reapply``: only when something is to resize)."""
+def _throttle(
+    w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep, reapply: bool = False, repost: bool = False
+) -> None:
+    """A Throttle decision for ``d``. ``reapply``: the step fired earlier; only
+    when something is to resize, or when its Events are to be posted again
+    (``repost``: the pod's record says they were not)."""
     # a pod throttled earlier in this evaluation is planned from its new resources
     pod = w.current_pod(d.pod)
     recorded = w.recorded_original(pod.uid) or parse_original(pod.annotations.get(ANNOTATION_ORIGINAL_CPU))
     cpu = rung.cpu_limit or w.config.default_throttle_cpu
     plan = plan_throttle(pod, cpu, recorded)
-    if reapply:
+    key = _key(w, f.rec, "Throttle")
+    if reapply and not repost:
         if not plan.resize:
             return
         w.throttled_to(resized(pod, plan.resize), plan.original)
         text = msg.throttle_reapplied_text(_text(w, f, None), cpu)
-        event = EventSpec("Warning", EVENT_THROTTLED, text)
+        event = EventSpec("Warning", EVENT_THROTTLED, text, key)
         w.emit(Throttle, f, d, event, resize=plan.resize, original=plan.original, reapply=True)
         return
-    if plan.impossible_reason is None:
+    if plan.impossible_reason is None and (plan.resize or not reapply):
         w.throttled_to(resized(pod, plan.resize), plan.original)
+    if plan.impossible_reason is None:
         text = _text(w, f, "Throttle", cpu)
-        event = EventSpec("Warning", EVENT_THROTTLED, text)
+        event = EventSpec("Warning", EVENT_THROTTLED, text, key)
     else:
         base = _text(w, f, None)
-        event = EventSpec(
-            "Warning", EVENT_THROTTLE_IMPOSSIBLE, msg.throttle_impossible_text(base, plan.impossible_reason)
-        )
-    w.emit(Throttle, f, d, event, resize=plan.resize, original=plan.original, impossible_reason=plan.impossible_reason)
+        text = msg.throttle_impossible_text(base, plan.impossible_reason)
+        event = EventSpec("Warning", EVENT_THROTTLE_IMPOSSIBLE, text, key)
+    if repost:
+        w.explaining(d.pod.uid, f.rec.key)
+    w.emit(
+        Throttle,
+        f,
+        d,
+        event,
+        resize=plan.resize,
+        original=plan.original,
+        impossible_reason=plan.impossible_reason,
+        reapply=reapply and bool(plan.resize),
+        repost=repost,
+    )
 
 
 def resized(pod: PodFacts, resize: tuple[ContainerCPU, ...]) -> PodFacts:
@@ -189,9 +216,50 @@ def reapply_throttle(w: BudgetWork, rec: ViolationRecord, m: Measure) -> None:
         return
     holders = [m.pod] if m.pod is not None else _total_throttle_holders(w, rec)
     for d in holders:
-        if w.evicting(d.pod.uid):
-            continue  # being evicted: no point in resizing it
-        _throttle(w, Fire(rec, m, *next_of(w, rec, m)), d, rung, reapply=True)
+        if w.evicting(d.pod.uid) or w.explained(d.pod.uid, rec.key):
+            continue  # being evicted (no point in resizing it), or its step fired now
+        own = w.records_on(d.pod.uid).get(rec.key)
+        repost = own is not None and own.step == "Throttle" and not own.events_posted
+        _throttle(w, Fire(own or rec, m, *next_of(w, rec, m)), d, rung, reapply=True, repost=repost)
+
+
+def repost_pending(w: BudgetWork) -> None:
+    """Post again the Events of steps fired at an earlier evaluation whose pod
+    record says they were not all posted (the operator stopped between the
+    record and its Events), unless a decision of this evaluation posts them
+    already. Their text is rebuilt from the record (the values when the step
+    fired); their Event key is the step's, so an Event that was posted after
+    all is updated, not repeated."""
+    pods = w.state.pods_by_uid
+    for uid, recs in list(w.pod_records()):
+        pod = pods.get(uid)
+        if pod is None or pod.namespace != w.ref.namespace:
+            continue
+        for key, rec in recs.items():
+            if key.budget != w.ref.name or rec.events_posted or rec.dry_run or w.explained(uid, key):
+                continue
+            if rec.step not in ("Annotate", "Throttle") or rec.opened_at is None:
+                continue
+            _repost(w, rec, pod)
+
+
+def _repost(w: BudgetWork, rec: ViolationRecord, pod: PodFacts) -> None:
+    m = Measure(rec.key, rec.observed_bytes, rec.limit_bytes or 0, None, None, None, None)
+    d = w.known_pod_data(pod.uid) or PodData(pod, "Fresh", None, None, (), None)
+    f = Fire(rec, m, *next_of(w, rec, None))
+    if rec.step == "Annotate":
+        w.explaining(pod.uid, rec.key)
+        text = _text(w, f, "Annotate")
+        event = EventSpec("Warning", _annotate_reason(rec.key), text, _key(w, rec, "Annotate"))
+        w.emit(Annotate, f, d, event, repost=True)
+        return
+    rung = w.ladder_for(rec.key).rung("Throttle")
+    cpu = (rung.cpu_limit if rung else None) or w.config.default_throttle_cpu
+    if plan_throttle(w.current_pod(pod), cpu, None).resize:
+        return  # not at the target yet: the re-apply on fresh data resizes it, then posts them
+    w.explaining(pod.uid, rec.key)
+    event = EventSpec("Warning", EVENT_THROTTLED, _text(w, f, "Throttle", cpu), _key(w, rec, "Throttle"))
+    w.emit(Throttle, f, d, event, resize=(), original={}, repost=True)
 
 
 def _total_throttle_holders(w: BudgetWork, rec: ViolationRecord) -> list[PodData]:
@@ -205,9 +273,21 @@ def _total_throttle_holders(w: BudgetWork, rec: ViolationRecord) -> list[PodData
     return sorted(out, key=lambda d: d.pod.name)
 
 
+def pending_events(w: BudgetWork, key: ViolationKey) -> bool:
+    """Whether a pod's record of ``key`` says its step's Events were not all
+    posted: the next step waits until they are (steps are explained in order)."""
+    return any(not r.events_posted and not r.dry_run for _, recs in w.pod_records() if (r := recs.get(key)))
+
+
 def close(w: BudgetWork, rec: ViolationRecord, m: Measure | None, cause: str, ns_pods: list[PodFacts]) -> None:
     """Close an open violation: Recover decisions (for a total, also one per pod
-    it throttled, whose CPU comes back) and the record removed from its pods."""
+    it throttled, whose CPU comes back) and the record removed from its pods
+    (the Events of a step it reached and did not post are posted first)."""
+    for uid, recs in list(w.pod_records()):
+        own = recs.get(rec.key)
+        pod = w.state.pods_by_uid.get(uid)
+        if own is not None and pod is not None and not own.events_posted and own.opened_at is not None:
+            _repost(w, own, pod)
     w.next_records.pop(rec.key, None)
     observed = (m.observed if m is not None else rec.observed_bytes) or 0
     limit = m.limit if m is not None else (rec.limit_bytes or 0)
@@ -219,6 +299,7 @@ def close(w: BudgetWork, rec: ViolationRecord, m: Measure | None, cause: str, ns
         refs = [pod.ref] if pod is not None else [None]
     else:
         refs = [None, *(p.ref for p in pods if ANNOTATION_ORIGINAL_CPU in p.annotations)]
+    event = EventSpec("Normal", EVENT_RECOVERED, text, _key(w, rec, "Recovered"))
     for ref in refs:
         w.decisions.append(
             Recover(
@@ -228,7 +309,7 @@ def close(w: BudgetWork, rec: ViolationRecord, m: Measure | None, cause: str, ns
                 time=w.now,
                 observed_bytes=observed,
                 limit_bytes=limit,
-                event=EventSpec("Normal", EVENT_RECOVERED, text),
+                event=event,
                 cause=cause,
             )
         )
@@ -263,14 +344,14 @@ def _cap(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep) -> None:
     if not levels:
         reason = _cap_impossible(f.m, refused)
         text = msg.cap_impossible_text(_text(w, f, None), reason)
-        w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAP_IMPOSSIBLE, text), hard_limits={}, impossible_reason=reason)
+        w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAP_IMPOSSIBLE, text, _key(w, f.rec, "Cap")), hard_limits={}, impossible_reason=reason)
         return
     held = caps.held_hard(d.pod)
     used = {u: v for u, v, _ in d.devices}
     hard = {u: caps.hard_limit(level, used.get(u), held.get(u)) for u, level in levels.items()}
     floors = {u: caps.hard_limit(level, level, None) for u, level in levels.items()}
     text = msg.step_text(w.ref, f.rec, f.m, f.next_step, f.next_time, "Cap", done_text=msg.capped_text(hard, floors))
-    w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAPPED, text), hard_limits=hard)
+    w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAPPED, text, _key(w, f.rec, "Cap")), hard_limits=hard)
 
 
 def _cap_plan(w: BudgetWork, m: Measure, d: PodData, rung: lad.LadderStep) -> tuple[dict[str, int], list[str]]:

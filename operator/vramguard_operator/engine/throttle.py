@@ -49,13 +49,20 @@ def _cpu(value: str) -> Decimal:
     return quantity_decimal(value)
 
 
-def _valid_cpu(value: object) -> bool:
+def _cpu_or_none(value: object) -> Decimal | None:
+    """A CPU quantity as cores, None when it is not one (a pod's own value the
+    API server would have refused: never trusted to be well formed here)."""
     if not isinstance(value, str):
-        return False
+        return None
     try:
-        return _cpu(value) > 0
+        return _cpu(value)
     except (ValueError, ArithmeticError):
-        return False
+        return None
+
+
+def _valid_cpu(value: object) -> bool:
+    cores = _cpu_or_none(value)
+    return cores is not None and cores > 0
 
 
 def parse_original(text: str | None) -> Original | None:
@@ -106,10 +113,14 @@ def plan_throttle(pod: PodFacts, target: str, recorded: Original | None) -> Thro
         if c.cpu_resize_restart:
             skipped.append(f"{c.name}: resizePolicy cpu RestartContainer (resize would restart it)")
             continue
-        if _cpu(c.cpu_limit) <= want:
+        limit = _cpu_or_none(c.cpu_limit)
+        if limit is None:
+            skipped.append(f"{c.name}: CPU limit {c.cpu_limit!r} is not a quantity")
+            continue
+        if limit <= want:
             at_target += 1
             continue
-        request = c.cpu_request
+        request = c.cpu_request if _cpu_or_none(c.cpu_request) is not None else None
         new_request = _lowered_request(request, c.cpu_limit, want)
         if new_request is False:
             skipped.append(f"{c.name}: target {target} leaves no room for a request below the limit")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -77,14 +77,19 @@ class BudgetResult:
     whose records it changed; ``dirty``: pods whose annotations must be
     rewritten; ``throttle_targets``: per pod, the CPU limits of this budget's
     violations that throttled it (what a restore may undo); ``ladder``: the
-    budget's ladder (None for an invalid spec), for the pod message;
-    ``pairs``: the pods it selects; ``selection``: what the device-pressure
-    rule reads of it (None for an invalid spec); ``limits``: per pod, what the
-    budget wants of its memory limits (``engine.caps``). The other fields add to
-    ``PassState``'s."""
+    budget's ladder, for the pod message; ``pairs``: the pods it selects;
+    ``unwritten``: the status should the pod writes of the steps fired now
+    fail, and ``step_pods`` those pods; ``explained``: the (pod uid, violation)
+    whose step Events are posted now (their records are marked posted once
+    they are); ``selection``: what the device-pressure rule reads of it;
+    ``limits``: per pod, what the budget wants of its memory limits
+    (``engine.caps``). The other fields add to ``PassState``'s."""
 
     ref: BudgetRef
     status: GPUMemoryBudgetStatus
+    unwritten: GPUMemoryBudgetStatus | None = None
+    step_pods: frozenset[str] = frozenset()
+    explained: frozenset[tuple[str, ViolationKey]] = frozenset()
     decisions: tuple[Decision, ...] = ()
     pod_records: PodRecords = field(default_factory=dict)
     dirty: frozenset[str] = frozenset()
@@ -133,6 +138,9 @@ class BudgetWork:
         self._new_original: dict[str, Original] = {}
         self._throttle_targets: dict[str, set[str]] = {}
         self._limits: dict[str, LimitsWant] = {}
+        self.unfired: dict[ViolationKey, ViolationRecord] = {}  # records before a step fired now
+        self._step_pods: set[str] = set()
+        self._explained: set[tuple[str, ViolationKey]] = set()
 
     def ladder_for(self, key: ViolationKey) -> Ladder:
         """The ladder a violation follows (a leak's may have an extra Evict rung)."""
@@ -181,6 +189,22 @@ class BudgetWork:
         for uid in holders:
             del self._writable(uid)[key]
         return holders
+
+    def fired_on_pod(self, uid: str, before: ViolationRecord, done: ViolationRecord) -> None:
+        """Record a step fired now on the pod: its record with the Events not yet
+        posted, the record as it was (for the status should the write fail)."""
+        self.unfired.setdefault(before.key, before)
+        self._step_pods.add(uid)
+        self.merge_on_pod(uid, replace(done, events_posted=False))
+        self._explained.add((uid, done.key))
+
+    def explaining(self, uid: str, key: ViolationKey) -> None:
+        """Note that the Events of ``key``'s step on the pod are posted now."""
+        self._explained.add((uid, key))
+
+    def explained(self, uid: str, key: ViolationKey) -> bool:
+        """Whether the Events of ``key``'s step on the pod are posted now."""
+        return (uid, key) in self._explained
 
     # -- this evaluation's other changes
 
@@ -257,11 +281,20 @@ class BudgetWork:
             )  # type: ignore[arg-type]
         )
 
-    def result(self, status: GPUMemoryBudgetStatus, pairs: int, selection: Selection | None = None) -> BudgetResult:
+    def result(
+        self,
+        status: GPUMemoryBudgetStatus,
+        unwritten: GPUMemoryBudgetStatus | None,
+        pairs: int,
+        selection: Selection | None = None,
+    ) -> BudgetResult:
         """What this budget decided."""
         return BudgetResult(
             ref=self.ref,
             status=status,
+            unwritten=unwritten,
+            step_pods=frozenset(self._step_pods),
+            explained=frozenset(self._explained),
             decisions=tuple(self.decisions),
             pod_records=self._pod_records,
             dirty=frozenset(self._dirty),

@@ -43,6 +43,7 @@ from vramguard_operator.engine.types import (
     EffectivePolicy,
     EngineConfig,
     EngineInput,
+    HeldBudget,
     PodFacts,
     PodRef,
     PressureRule,
@@ -386,6 +387,8 @@ def engine_groups(
     config: EngineConfig,
     previous: Mapping[str, GPUMemoryBudgetStatus] | None = None,
     allocations: Allocations | None = None,
+    held: Mapping[tuple[str, str], HeldBudget] | None = None,
+    unknown_nodes: Mapping[str, str] | None = None,
 ) -> list[EngineGroup]:
     """The engine inputs of one evaluation: ``namespaces`` (those to evaluate,
     in order) grouped by effective policy (``policies``, from
@@ -393,7 +396,9 @@ def engine_groups(
     GPU pods (Pod dicts, for implicit budgets) ``prepare``d under the merged
     policies and the pods' grants (``allocations``), with every report.
     ``previous``: implicit budgets' last statuses by uid
-    (``PolicyMemory.implicit_status``)."""
+    (``PolicyMemory.implicit_status``). ``held``: by (namespace, name), the
+    budgets not to evaluate (their spec does not parse: ``EngineInput.held``);
+    ``unknown_nodes``: by node, why its data cannot be believed."""
     by_policy: dict[EffectivePolicy, list[str]] = {}
     for ns in namespaces:
         by_policy.setdefault(policies[ns].effective, []).append(ns)
@@ -418,6 +423,8 @@ def engine_groups(
             device_limits=view.device_limits,
             pressure_rules=view.pressure_rules,
             device_shares=view.device_shares,
+            held={k: h for k, h in (held or {}).items() if k[0] in group},
+            unknown_nodes=unknown_nodes or {},
         )
         groups.append(EngineGroup(policy, tuple(group), inp, view))
     return groups

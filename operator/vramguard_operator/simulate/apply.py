@@ -20,7 +20,10 @@ Resize = dict[str, tuple[str, str | None]]
 def output_changes(out: EngineOutput) -> tuple[dict[str, Mapping[str, str | None]], dict[str, Resize], set[str]]:
     """What an output changes on pods, by pod uid: annotation patches, CPU
     resizes (Throttle, and the restores of Recover) and evictions."""
-    patches = {p.pod.uid: p.annotations for p in out.pod_patches}
+    # the state first, then (every Event posted) the records marked posted
+    patches: dict[str, Mapping[str, str | None]] = {
+        p.pod.uid: {**p.annotations, **(p.explained or {})} for p in out.pod_patches
+    }
     resizes: dict[str, Resize] = {}
     evicted: set[str] = set()
     for d in out.decisions:

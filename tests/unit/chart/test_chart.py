@@ -48,7 +48,8 @@ NODE_POLICY = "vramguard-agent-own-node"
 STATE_POLICY = "vramguard-operator-pod-state"
 WRITES_POLICY = "vramguard-operator-pod-writes"
 STATE_KEYS = ["vramguard.io/violations", "vramguard.io/violation", "vramguard.io/original-cpu",
-              "vramguard.io/limits", "vramguard.io/memory-limits", "vramguard.io/injected"]
+              "vramguard.io/state-signature", "vramguard.io/limits", "vramguard.io/memory-limits",
+              "vramguard.io/injected"]
 
 @pytest.fixture(scope="module")
 def default() -> list[dict[str, Any]]:
@@ -85,7 +86,7 @@ def test_default_render_has_every_component(default):
     assert kinds == sorted([
         "ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRole",
         "ClusterRoleBinding", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget",
-        "Service", "Service", "DaemonSet", "Secret",
+        "Service", "Service", "DaemonSet", "Secret", "Secret",
         "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
@@ -224,9 +225,10 @@ def test_agent_command_line_is_accepted_by_the_agent_cli(default):
     assert args.metrics_address == ":9400"
 
 
-def test_operator_command_line_is_accepted_by_the_operator_cli(default):
+def test_operator_command_line_is_accepted_by_the_operator_cli(default, monkeypatch):
     """The chart's command line parses with the real `vramguard` parser."""
     settings = pytest.importorskip("vramguard_operator.controller.settings")
+    monkeypatch.setattr(settings, "read_key", lambda path: b"k" * 48)  # the mounted Secret's key
     c = container(one(default, "Deployment"))
     assert c["args"][0] == "operator"
     parsed = settings.parse_settings(c["args"][1:], env={})
@@ -433,9 +435,14 @@ def test_generated_certificate_is_signed_by_the_ca_bundle_and_names_the_service(
     assert vol["secret"]["secretName"] == "vramguard-webhook-tls"
 
 
+def tls_secrets(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The webhook's TLS Secrets (the state key's Secret is another)."""
+    return [o for o in find(objs, "Secret") if o.get("type") == "kubernetes.io/tls"]
+
+
 def test_cert_manager_injects_the_ca_instead():
     objs = render({"webhook.certManager.enabled": True})
-    assert not find(objs, "Secret")
+    assert not tls_secrets(objs)
     cert = one(objs, "Certificate")
     assert cert["spec"]["secretName"] == "vramguard-webhook-tls"
     assert f"vramguard-operator.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
@@ -450,7 +457,7 @@ def test_cert_manager_injects_the_ca_instead():
 
 def test_existing_secret_and_ca_bundle_from_values():
     objs = render({"webhook.tls.secretName": "mine", "webhook.tls.caBundle": "Y2E="})
-    assert not find(objs, "Secret") and not find(objs, "Certificate")
+    assert not tls_secrets(objs) and not find(objs, "Certificate")
     assert {h["clientConfig"]["caBundle"] for h in webhooks(objs).values()} == {"Y2E="}
     (vol,) = [v for v in pod_spec(one(objs, "Deployment"))["volumes"] if v["name"] == "webhook-tls"]
     assert vol["secret"]["secretName"] == "mine"
@@ -458,7 +465,7 @@ def test_existing_secret_and_ca_bundle_from_values():
 
 def test_webhooks_disabled():
     objs = render({"webhook.enabled": False})
-    assert not webhooks(objs) and not find(objs, "Secret")
+    assert not webhooks(objs) and not tls_secrets(objs)
     c = container(one(objs, "Deployment"))
     assert not [a for a in c["args"] if a.startswith("--webhook")]
 
@@ -626,3 +633,34 @@ def test_enforce_caps_command_line_is_accepted_by_the_agent_cli():
 
 def test_agent_knows_its_own_pod_uid(default):
     assert env(container(one(default, "DaemonSet")))["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+
+
+def test_the_state_key_is_generated_mounted_and_kept(default):
+    """The operator seals its state on pods with a key of its own (docs/operator.md,
+    "Forged state"): a generated Secret, kept on uninstall and upgrade, mounted
+    into the operator alone and named by its flag."""
+    (secret,) = [o for o in find(default, "Secret") if o["metadata"]["name"] == "vramguard-operator-state-key"]
+    assert len(base64.b64decode(secret["data"]["state-key"])) == 48
+    assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    dep = one(default, "Deployment")
+    (vol,) = [v for v in pod_spec(dep)["volumes"] if v["name"] == "state-key"]
+    assert vol["secret"]["secretName"] == "vramguard-operator-state-key"
+    c = container(dep)
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "state-key"]
+    assert mount["readOnly"] is True
+    assert f"--state-key-file={mount['mountPath']}/state-key" in c["args"]
+    assert "state-key" not in str(pod_spec(one(default, "DaemonSet")))
+
+
+def test_an_existing_state_key_secret_is_used_as_it_is():
+    objs = render({"operator.stateKey.existingSecret": "my-key"})
+    assert not [o for o in find(objs, "Secret") if o.get("type") != "kubernetes.io/tls"]
+    (vol,) = [v for v in pod_spec(one(objs, "Deployment"))["volumes"] if v["name"] == "state-key"]
+    assert vol["secret"]["secretName"] == "my-key"
+
+
+def test_no_state_key_when_disabled():
+    objs = render({"operator.stateKey.enabled": False})
+    c = container(one(objs, "Deployment"))
+    assert not [a for a in c["args"] if a.startswith("--state-key")]
+    assert not [o for o in find(objs, "Secret") if o.get("type") != "kubernetes.io/tls"]

@@ -3,6 +3,7 @@ an uninterrupted run, and no step fires twice."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudget
@@ -51,11 +52,17 @@ def test_status_lost_pod_annotations_keep_the_ladder():
 
 
 def test_pod_annotations_lost_status_keeps_the_ladder():
+    # issue 17 (item 3): the step the budget's record holds is written back on the
+    # pod (it used to be left off, and a pod held at Throttle without its record
+    # was restored and throttled again, over and over); no step fires again
     b = budget(per_pod={"vram": "40Gi"})
     events, budgets, pods = simulate([b], [pod("w0")], [(0, {"w0": vram(41)})])
     bare = [replace(p, annotations={}) for p in pods]
     out = run(budgets, bare, [report("node-a", at(60), {"w0": vram(41)})], at(60))
-    assert out.decisions == () and out.pod_patches == ()
+    assert out.decisions == ()
+    (patch,) = out.pod_patches
+    (rec,) = json.loads(patch.annotations[ANNOTATION_VIOLATIONS])
+    assert (rec["kind"], rec["step"], rec["stepTime"]) == ("PodVRAM", "Annotate", "2024-05-01T10:00:00Z")
 
 
 def test_annotation_and_status_merge_to_the_furthest_step():

@@ -119,6 +119,8 @@ def test_scope_is_namespaces_with_budgets_or_vramguard_state():
 
 
 def test_plan_groups_namespaces_by_effective_policy_and_holds_invalid_budgets():
+    # issue 17 (item 2): an invalid budget is held on its own; its namespace is
+    # evaluated (it used to be left out of every group)
     snap = Snapshot()
     snap.budgets["a"] = [entry(budget(ns="a", per_pod={"vram": "10Gi"}))]
     snap.budgets["b"] = [entry(budget(ns="b", per_pod={"vram": "10Gi"}))]
@@ -136,12 +138,15 @@ def test_plan_groups_namespaces_by_effective_policy_and_holds_invalid_budgets():
     snap.namespaces.update({"b": {"audit": "on"}})
     work = plan(snap, NOW, EngineConfig())
     groups = {g.policy.mode: g for g in work.groups}
-    assert sorted(groups["Enforce"].namespaces) == ["a", "c"]
+    assert sorted(groups["Enforce"].namespaces) == ["a", "c", "d"]
     assert groups["DryRun"].namespaces == ["b"]
     assert [p.namespace for p in groups["DryRun"].input.pods] == ["b"]
     assert groups["Enforce"].input.reports["node-a"] is rep
     assert [e.value.name for e in work.invalid] == ["train"]
-    assert all("d" not in g.namespaces for g in work.groups)
+    enforce = groups["Enforce"].input
+    assert [(b.metadata.namespace, b.metadata.name) for b in enforce.budgets] == [("a", "train"), ("c", "train")]
+    held = enforce.held[("d", "train")]
+    assert (held.uid, held.reason) == (bad.uid, "InvalidSpec") and "total.vram" in held.message
     assert work.policies["b"].scopes == ("audit",)
 
 

@@ -15,7 +15,6 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from vramguard_api.policy import EvictionRateLimit
-from vramguard_operator.controller import reconcile
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
@@ -85,15 +84,15 @@ def test_a_failing_group_does_not_stop_the_others(stub, monkeypatch, caplog):
     snap.policies["audit"] = Versioned("p", "1", policy(
         "audit", mode="DryRun", namespaceSelector={"matchLabels": {"audit": "on"}}))
     snap.namespaces["a"] = {"audit": "on"}  # a: DryRun, b: Enforce -> two groups
-    real = reconcile.evaluate
+    rec, metrics = reconciler(stub)
+    real = rec.engine.engine
 
-    def evaluate(inp: Any) -> Any:
+    def evaluate(inp: Any, progress: Any) -> Any:  # a bug outside any budget's evaluation
         if any(b.metadata.namespace == "a" for b in inp.budgets):
             raise RuntimeError("engine bug")
-        return real(inp)
+        return real(inp, progress)
 
-    monkeypatch.setattr(reconcile, "evaluate", evaluate)
-    rec, metrics = reconciler(stub)
+    monkeypatch.setattr(rec.engine, "engine", evaluate)
     rec.evaluate_and_apply(snap)
     assert requests(stub, "PATCH", r"/namespaces/b/gpumemorybudgets/train/status$")
     assert not requests(stub, "PATCH", r"/namespaces/a/")

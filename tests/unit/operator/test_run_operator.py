@@ -4,6 +4,8 @@ command and by ``kopf run`` (``settings_from_env``) alike."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
 import click
@@ -78,6 +80,12 @@ def test_a_flag_overrides_a_bad_environment_value(monkeypatch):
 
 # --- every setting: flag > variable > default ---------------------------------------------
 
+_KEYS = tempfile.mkdtemp(prefix="vramguard-keys-")
+KEY_A, KEY_B = os.path.join(_KEYS, "a"), os.path.join(_KEYS, "b")
+for _path, _key in ((KEY_A, "a" * 32), (KEY_B, "b" * 24 + "\n")):
+    with open(_path, "w") as _f:
+        _f.write(_key)
+
 # (flag, variable, value for the variable, value for the flag, settings path,
 #  read from the variable, read from the flag, default)
 ENV_SETTINGS = [
@@ -92,6 +100,9 @@ ENV_SETTINGS = [
     ("--eviction-retry", "VRAMGUARD_EVICTION_RETRY", "1m", "2s", "config.eviction_retry", 60.0, 2.0, 30.0),
     ("--request-timeout", "VRAMGUARD_REQUEST_TIMEOUT", "3s", "1500ms", "config.request_timeout", 3.0, 1.5, 10.0),
     ("--watch-timeout", "VRAMGUARD_WATCH_TIMEOUT", "1m", "10m", "watch_timeout", 60.0, 600.0, 300.0),
+    ("--evaluation-timeout", "VRAMGUARD_EVALUATION_TIMEOUT", "5s", "1m", "config.evaluation_timeout", 5.0, 60.0,
+     30.0),
+    ("--state-key-file", "VRAMGUARD_STATE_KEY_FILE", KEY_A, KEY_B, "config.state_key_file", KEY_A, KEY_B, ""),
     ("--eviction-rate-per-minute", "VRAMGUARD_EVICTION_RATE_PER_MINUTE", "0", "12",
      "config.default_rate_limit.per_minute", 0, 12, 2),
     ("--eviction-burst", "VRAMGUARD_EVICTION_BURST", "5", "1", "config.default_rate_limit.burst", 5, 1, 2),
@@ -167,7 +178,8 @@ BAD_VALUES = [
     ("--webhook-port", "VRAMGUARD_WEBHOOK_PORT", "70000"),
     *((flag, var, "a while") for flag, var, *_ in ENV_SETTINGS if flag in (
         "--evaluation-period", "--debounce", "--freshness", "--eviction-retry", "--request-timeout",
-        "--watch-timeout")),
+        "--watch-timeout", "--evaluation-timeout")),
+    ("--state-key-file", "VRAMGUARD_STATE_KEY_FILE", "/nonexistent/state-key"),
     ("--freshness", "VRAMGUARD_FRESHNESS", "-5s"),
 ]
 
@@ -202,3 +214,18 @@ def test_an_empty_webhook_port_variable_means_no_webhooks():
 def test_flags_that_exclude_each_other_are_refused(argv):
     with pytest.raises(click.UsageError, match="cannot be used together"):
         parse_settings(argv, env={})
+
+
+def test_the_state_key_is_read_from_its_file_and_reaches_the_engine():
+    settings = parse_settings(["--state-key-file", KEY_B], env={})
+    assert settings.config.state_key == b"b" * 24  # white space stripped
+    assert settings.config.engine().state_key == b"b" * 24
+    assert "bbbb" not in repr(settings)  # never in a log line
+    assert parse_settings([], env={}).config.engine().state_key is None
+
+
+def test_a_short_state_key_is_refused(tmp_path):
+    short = tmp_path / "short"
+    short.write_text("0123456789\n")
+    with pytest.raises(click.BadParameter, match=r"has 10 bytes; want at least 16"):
+        parse_settings(["--state-key-file", str(short)], env={})

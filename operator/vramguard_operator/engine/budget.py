@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWarning, Violation
+from vramguard_operator.engine import cap_steps, steps
 from vramguard_operator.engine import ladder as lad
-from vramguard_operator.engine import steps
 from vramguard_operator.engine import warnings as warn
 from vramguard_operator.engine.inputs import PodFacts
 from vramguard_operator.engine.keys import BudgetRef
@@ -85,9 +85,9 @@ def evaluate_budget(
     _unmeasured(w, ns_pods, {p.uid for p in matched})
     if w.acting:
         steps.repost_pending(w)
-    steps.want_caps(w)
+    cap_steps.want_caps(w)
     own = spec.enforcement.soft_limits
-    steps.want_soft_limits(w, limits, own == "Share" or (own is None and soft_limits))
+    cap_steps.want_soft_limits(w, limits, own == "Share" or (own is None and soft_limits))
     kept, new = warn.settle(candidates, state.config.max_status_entries, w.now)
     for m in new:
         steps.warn(w, m, limits.threshold)
@@ -217,7 +217,7 @@ def _status(
         m = w.measured.get(rec.key)
         known = rec.opened_at is not None and m is not None and m.over is not None
         impossible = steps.throttle_impossible(w, rec, m) if known and m is not None else None
-        cap = steps.cap_status(w, rec, m) if known and m is not None else None
+        cap = cap_steps.cap_status(w, rec, m) if known and m is not None else None
         return violation_entry(rec, m, lambda r, mm: steps.next_of(w, r, mm), impossible, cap)
 
     def build(records: list[ViolationRecord]) -> GPUMemoryBudgetStatus:

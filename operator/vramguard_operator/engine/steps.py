@@ -1,8 +1,8 @@
 """What the moves of a violation do: the decisions of a fired step (Annotate,
 Throttle, Cap, Evict, or DryRunStep when the budget does not act), the
 Throttle re-apply, the closing Recover, the Warn, and the records they leave
-on pods; and what a budget wants of its pods' memory limits (the held Caps and
-the soft limits at their shares, ``engine.caps``).
+on pods. The Cap step and what a budget wants of its pods' memory limits are
+in ``cap_steps``.
 
 Each function works on one budget's ``BudgetWork``; the wording comes from
 ``messages``, the moves themselves from ``ladder``.
@@ -14,15 +14,13 @@ from dataclasses import replace
 from datetime import datetime
 
 from vramguard_api.budget import Action
-from vramguard_operator.engine import caps
+from vramguard_operator.engine import cap_steps
 from vramguard_operator.engine import ladder as lad
 from vramguard_operator.engine import messages as msg
 from vramguard_operator.engine.inputs import ContainerFacts, PodFacts
 from vramguard_operator.engine.keys import (
     ANNOTATION_ORIGINAL_CPU,
     EVENT_ABOVE_WARNING,
-    EVENT_CAP_IMPOSSIBLE,
-    EVENT_CAPPED,
     EVENT_DRY_RUN,
     EVENT_EVICTING,
     EVENT_LEAK_DETECTED,
@@ -33,10 +31,9 @@ from vramguard_operator.engine.keys import (
     PodRef,
     ViolationKey,
 )
-from vramguard_operator.engine.measure import BudgetLimits, Measure, PodData
+from vramguard_operator.engine.measure import Measure, PodData
 from vramguard_operator.engine.outputs import (
     Annotate,
-    Cap,
     ContainerCPU,
     DryRunStep,
     EventSpec,
@@ -45,7 +42,7 @@ from vramguard_operator.engine.outputs import (
     Throttle,
     Warn,
 )
-from vramguard_operator.engine.records import TOTAL_KINDS, ViolationRecord, capped, event_key, throttled
+from vramguard_operator.engine.records import TOTAL_KINDS, ViolationRecord, throttled
 from vramguard_operator.engine.throttle import parse_original, plan_throttle
 from vramguard_operator.engine.work import BudgetWork, Fire
 
@@ -78,15 +75,15 @@ def fire(w: BudgetWork, rec: ViolationRecord, m: Measure, rung: lad.LadderStep) 
         dry: list[PodData | None] = [*targets] or [None]
         for target in dry:
             text = msg.dry_run_text(rung.action, _text(w, f, None))
-            event = EventSpec("Warning", EVENT_DRY_RUN, text, _key(w, done, f"DryRun{rung.action}"))
+            event = EventSpec("Warning", EVENT_DRY_RUN, text, w.event_key(done, f"DryRun{rung.action}"))
             w.emit(DryRunStep, f, target, event, would=rung.action)
         return
     for d in targets:
         if rung.action == "Annotate":
             text = _text(w, f, "Annotate")
-            w.emit(Annotate, f, d, EventSpec("Warning", _annotate_reason(m.key), text, _key(w, done, "Annotate")))
+            w.emit(Annotate, f, d, EventSpec("Warning", _annotate_reason(m.key), text, w.event_key(done, "Annotate")))
         elif rung.action == "Cap":
-            _cap(w, f, d, rung)
+            cap_steps.cap(w, f, d, rung)
         else:
             _throttle(w, f, d, rung)
         w.fired_on_pod(d.pod.uid, rec, done)
@@ -94,11 +91,6 @@ def fire(w: BudgetWork, rec: ViolationRecord, m: Measure, rung: lad.LadderStep) 
 
 def _annotate_reason(key: ViolationKey) -> str:
     return EVENT_LEAK_DETECTED if key.kind == "Leak" else EVENT_LIMIT_EXCEEDED
-
-
-def _key(w: BudgetWork, rec: ViolationRecord, what: str) -> str:
-    """The Event key of ``what`` (a step, ``Recovered``) for ``rec``'s violation."""
-    return event_key(w.ref.uid or rec.budget_uid, rec.key, rec.opened_at, what)
 
 
 def _targets(w: BudgetWork, action: Action, m: Measure) -> list[PodData]:
@@ -145,7 +137,7 @@ def _evict(w: BudgetWork, f: Fire, d: PodData) -> None:
         return  # one Evict per pod per evaluation, whichever violation asks first
     w.start_evicting(d.pod.uid)
     text = _text(w, f, "Evict")
-    w.emit(Evict, f, d, EventSpec("Warning", EVENT_EVICTING, text, _key(w, f.rec, "Evict")), reason=text)
+    w.emit(Evict, f, d, EventSpec("Warning", EVENT_EVICTING, text, w.event_key(f.rec, "Evict")), reason=text)
 
 
 def _throttle(
@@ -159,7 +151,7 @@ def _throttle(
     recorded = w.recorded_original(pod.uid) or parse_original(pod.annotations.get(ANNOTATION_ORIGINAL_CPU))
     cpu = rung.cpu_limit or w.config.default_throttle_cpu
     plan = plan_throttle(pod, cpu, recorded)
-    key = _key(w, f.rec, "Throttle")
+    key = w.event_key(f.rec, "Throttle")
     if reapply and not repost:
         if not plan.resize:
             return
@@ -250,7 +242,7 @@ def _repost(w: BudgetWork, rec: ViolationRecord, pod: PodFacts) -> None:
     if rec.step == "Annotate":
         w.explaining(pod.uid, rec.key)
         text = _text(w, f, "Annotate")
-        event = EventSpec("Warning", _annotate_reason(rec.key), text, _key(w, rec, "Annotate"))
+        event = EventSpec("Warning", _annotate_reason(rec.key), text, w.event_key(rec, "Annotate"))
         w.emit(Annotate, f, d, event, repost=True)
         return
     rung = w.ladder_for(rec.key).rung("Throttle")
@@ -258,7 +250,7 @@ def _repost(w: BudgetWork, rec: ViolationRecord, pod: PodFacts) -> None:
     if plan_throttle(w.current_pod(pod), cpu, None).resize:
         return  # not at the target yet: the re-apply on fresh data resizes it, then posts them
     w.explaining(pod.uid, rec.key)
-    event = EventSpec("Warning", EVENT_THROTTLED, _text(w, f, "Throttle", cpu), _key(w, rec, "Throttle"))
+    event = EventSpec("Warning", EVENT_THROTTLED, _text(w, f, "Throttle", cpu), w.event_key(rec, "Throttle"))
     w.emit(Throttle, f, d, event, resize=(), original={}, repost=True)
 
 
@@ -299,7 +291,7 @@ def close(w: BudgetWork, rec: ViolationRecord, m: Measure | None, cause: str, ns
         refs = [pod.ref] if pod is not None else [None]
     else:
         refs = [None, *(p.ref for p in pods if ANNOTATION_ORIGINAL_CPU in p.annotations)]
-    event = EventSpec("Normal", EVENT_RECOVERED, text, _key(w, rec, "Recovered"))
+    event = EventSpec("Normal", EVENT_RECOVERED, text, w.event_key(rec, "Recovered"))
     for ref in refs:
         w.decisions.append(
             Recover(
@@ -335,88 +327,3 @@ def throttle_impossible(w: BudgetWork, rec: ViolationRecord, m: Measure) -> str 
 
 
 # --- memory limits: the Cap step and what a budget wants held -----------------------------
-
-
-def _cap(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep) -> None:
-    """A Cap decision for ``d``: the hard limits its pod patch will carry (as the
-    driver computes them from the pod's current annotation), or why none can be set."""
-    levels, refused = _cap_plan(w, f.m, d, rung)
-    if not levels:
-        reason = _cap_impossible(f.m, refused)
-        text = msg.cap_impossible_text(_text(w, f, None), reason)
-        w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAP_IMPOSSIBLE, text, _key(w, f.rec, "Cap")), hard_limits={}, impossible_reason=reason)
-        return
-    held = caps.held_hard(d.pod)
-    used = {u: v for u, v, _ in d.devices}
-    hard = {u: caps.hard_limit(level, used.get(u), held.get(u)) for u, level in levels.items()}
-    floors = {u: caps.hard_limit(level, level, None) for u, level in levels.items()}
-    text = msg.step_text(w.ref, f.rec, f.m, f.next_step, f.next_time, "Cap", done_text=msg.capped_text(hard, floors))
-    w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAPPED, text, _key(w, f.rec, "Cap")), hard_limits=hard)
-
-
-def _cap_plan(w: BudgetWork, m: Measure, d: PodData, rung: lad.LadderStep) -> tuple[dict[str, int], list[str]]:
-    """The levels of ``d``'s hard limits that can be written, and why the others cannot."""
-    levels = caps.cap_levels(m, d, rung.hard_limit, caps.held_hard(d.pod)) or {}
-    return caps.writable(levels, w.state.nodes.get(d.pod.node_name or ""))
-
-
-def _cap_impossible(m: Measure, refused: list[str]) -> str:
-    if m.key.kind in ("PodRAM", "TotalRAM"):
-        return "the driver limits GPU memory only, not RAM"
-    return "; ".join(refused) or "the pod holds no GPU memory on a device to cap"
-
-
-def _cap_holders(w: BudgetWork, rec: ViolationRecord) -> list[PodData]:
-    """The running pods a held Cap applies to: the violation's pod, or for a total
-    the pods its Cap step was fired on (their annotation says so)."""
-    if rec.key.pod is not None:
-        return [d for d in w.data if d.pod.name == rec.key.pod]
-    out = [d for d in w.data if (r := w.records_on(d.pod.uid).get(rec.key)) is not None and capped(r)]
-    return sorted(out, key=lambda d: d.pod.name)
-
-
-def want_caps(w: BudgetWork) -> None:
-    """Cap is level-triggered: every violation that reached its Cap step for real
-    holds its pods at their levels while the budget enforces and its ladder has
-    a Cap; on unknown data their limits are kept as they are."""
-    if not w.acting:
-        return
-    for rec in w.next_records.values():
-        rung = w.ladder_for(rec.key).rung("Cap") if capped(rec) else None
-        if rung is None:
-            continue
-        m = w.measured.get(rec.key)
-        for d in _cap_holders(w, rec):
-            known = m is not None and m.over is not None
-            levels = caps.cap_levels(m, d, rung.hard_limit, caps.held_hard(d.pod)) if m is not None and known else None
-            w.want_limits(d.pod.uid, caps.HOLD if levels is None else caps.LimitsWant(hard=levels))
-
-
-def want_soft_limits(w: BudgetWork, lim: BudgetLimits, on: bool) -> None:
-    """Guarantees: the soft limit of each running pod at its share on each device
-    it uses, while the budget enforces with soft limits ``on``; a pod on a stale
-    or missing report keeps what it has."""
-    if not (on and w.acting):
-        return
-    for d in w.data:
-        if d.state != "Fresh":
-            w.want_limits(d.pod.uid, caps.HOLD)
-            continue
-        share = caps.shares(d, lim)
-        if share:
-            w.want_limits(d.pod.uid, caps.LimitsWant(soft=share))
-
-
-def cap_status(w: BudgetWork, rec: ViolationRecord, m: Measure) -> str | None:
-    """How a fired Cap stands, for the status message (None: no Cap held)."""
-    rung = w.ladder_for(rec.key).rung("Cap")
-    if not (w.acting and capped(rec) and rung is not None):
-        return None
-    out = []
-    for d in _cap_holders(w, rec):
-        levels, refused = _cap_plan(w, m, d, rung)
-        node = w.state.nodes.get(d.pod.node_name or "")
-        entries = caps.reported(d.pod, node)
-        impossible = None if levels else _cap_impossible(m, refused)
-        out.append(msg.cap_status_text([(u, entries.get(u)) for u in sorted(levels)], impossible))
-    return "; ".join(out) or None

@@ -27,7 +27,7 @@ from vramguard_operator.engine.keys import BudgetRef, ViolationKey
 from vramguard_operator.engine.ladder import Ladder
 from vramguard_operator.engine.measure import BudgetLimits, Measure, Node, PodData, pod_data
 from vramguard_operator.engine.outputs import Decision, DecisionBase, EventSpec
-from vramguard_operator.engine.records import ViolationRecord, merge_records
+from vramguard_operator.engine.records import ViolationRecord, event_key, merge_records
 from vramguard_operator.engine.throttle import Original
 
 PodRecords = Mapping[str, Mapping[ViolationKey, ViolationRecord]]
@@ -257,6 +257,11 @@ class BudgetWork:
         self._new_original[pod.uid] = original
         self._resized[pod.uid] = pod
         self._dirty.add(pod.uid)
+
+    def event_key(self, rec: ViolationRecord, what: str) -> str:
+        """The Event key of ``what`` (a step, ``Recovered``) for ``rec``'s violation
+        (``records.event_key``)."""
+        return event_key(self.ref.uid or rec.budget_uid, rec.key, rec.opened_at, what)
 
     def want_limits(self, uid: str, want: LimitsWant) -> None:
         """Add what this budget wants of the pod's memory limits."""

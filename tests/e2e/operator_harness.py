@@ -299,11 +299,12 @@ class OperatorProcess:
             *self.extra,
         ]
 
-    def start(self, timeout: float = 60, evaluating: bool = False) -> None:
+    def start(self, timeout: float = 60, evaluating: bool = False, may_exit: bool = False) -> None:
         """Start it and wait until it serves its liveness endpoint, and (with
         ``evaluating``) until it has evaluated once. In namespaced mode kopf
         starts no watch at all until a namespace matches, so a first start
-        cannot wait for an evaluation."""
+        cannot wait for an evaluation. ``may_exit``: an exit is what the test
+        expects (a crash point), so it ends the wait too, however early."""
         env = {
             **os.environ,
             "KUBECONFIG": self.kubeconfig,
@@ -313,7 +314,17 @@ class OperatorProcess:
         with self.log.open("ab") as out:
             out.write(f"--- start {datetime.now(UTC).isoformat()}\n".encode())
             self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT)
+        if may_exit:
+            wait_for(lambda: self.proc is not None and (self.proc.poll() is not None or self._answers()), timeout,
+                     "the operator", interval=0.3)
+            return
         wait_for(self.ready if evaluating else self.health, timeout, "the operator", interval=0.3)
+
+    def _answers(self) -> bool:
+        try:
+            return self.health() is not None
+        except AssertionError:  # exited meanwhile
+            return True
 
     def health(self) -> dict[str, Any] | None:
         """The liveness endpoint's JSON, None while it does not answer."""

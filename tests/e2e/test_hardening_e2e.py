@@ -135,7 +135,7 @@ def test_hard_crash_during_the_ladder(cluster: Any, api: Any, nodes: list[str], 
     first = operator(cluster, key_file, crash_at=point)
     with PodHistory(core, namespace) as history, Publisher(custom, node, lambda: [Usage(w0, 12 * GI)]):
         time.sleep(2)  # a fresh report before the operator starts
-        first.start()
+        first.start(may_exit=True)  # it may reach its crash point before its liveness endpoint answers
         crashed(first)
         again = operator(cluster, key_file)
         again.start()
@@ -168,7 +168,7 @@ def test_hard_crash_during_a_recovery(cluster: Any, api: Any, nodes: list[str], 
     first = operator(cluster, key_file, crash_at=point)
     with PodHistory(core, namespace) as history, Publisher(custom, node, lambda: [Usage(r0, usage["vram"])]):
         time.sleep(2)
-        first.start()
+        first.start(may_exit=True)
         again = operator(cluster, key_file)
         try:
             wait_for(lambda: (p := pod_or_none(core, namespace, "r0")) and

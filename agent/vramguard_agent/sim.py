@@ -295,7 +295,9 @@ class SimBackend:
 
     The devices are stateful: each ``sample`` moves the processes from where
     the previous one left them (``SimDevices.advance``). ``oom_kills`` holds the
-    last ``MAX_OOM_RECORDS`` processes killed by out-of-memory errors.
+    last ``MAX_OOM_RECORDS`` processes killed by out-of-memory errors. A
+    scenario pod that ``api_pods`` showed and no longer does (deleted,
+    evicted) has its containers stopped for good, freeing their memory.
 
     The fake NVML's per-cgroup memory limits are what the devices enforce
     (``simcgroups``); with ``driver_state`` (a file) they survive an agent
@@ -342,7 +344,9 @@ class SimBackend:
     def sample(self) -> GPUSample:
         """Advance the fake host and the fake NVML to now, and sample through NVML."""
         t = self.now()
-        identities = resolve(self.node, self.api_pods())
+        api = self.api_pods()
+        self.devices.sync_pods({(m.namespace, m.name) for m in api.values()})
+        identities = resolve(self.node, api)
         if identities != self.identities:
             # Pods learnt from the API (or gone): the same pids now live in other cgroups.
             self.identities, self.identity_version = identities, self.identity_version + 1
@@ -350,7 +354,6 @@ class SimBackend:
             self.host.write(self.identities, self.pids, t)
         self._set_state(t)
         return self.nvml.sample()
-
 
     def _set_state(self, t: float) -> None:
         fake, active = self.fake, {f.type for f in self.node.faults_at(t)}

@@ -27,6 +27,10 @@ limits the (fake) driver holds per pod, which the device enforces
 that pod only; when a device runs out, the pod furthest above its soft limit
 is evicted first. A process evicted for another's allocation takes its own
 container down, like any out-of-memory kill.
+
+A pod deleted from the API (an eviction among others) has its containers
+stopped for good (``stop_pod``), as the kubelet stops them: its memory is
+freed.
 """
 
 from __future__ import annotations
@@ -134,6 +138,8 @@ class SimDevices:
             self._add(by_process[id(hp)], hp, _Container(None, None))
         self._procs.sort(key=lambda e: e[0])
         self._last_t: float | None = None
+        self._seen: set[tuple[str, str]] = set()  # scenario pods the API has listed
+        self._stopped: set[tuple[str, str]] = set()
 
     def _add(self, pid: int, p: SimProcess, container: _Container) -> None:
         container.pids.append(pid)
@@ -147,6 +153,28 @@ class SimDevices:
     def holdings(self) -> dict[int, int]:
         """Bytes held by each running process, by pid."""
         return {pid: proc.used_bytes for d in self.devices.values() for pid, proc in d.processes.items()}
+
+    def sync_pods(self, listed: set[tuple[str, str]]) -> None:
+        """Stop the containers of the scenario pods that the API showed
+        (``listed``: namespace and name of the pods it lists now, on earlier
+        calls) and no longer does: deleted or evicted, as their kubelet would.
+        A pod not listed yet (the watch not synced) keeps running."""
+        for pod in self.node.pods:
+            key = (pod.namespace, pod.name)
+            if key in listed:
+                self._seen.add(key)
+            elif key in self._seen and key not in self._stopped:
+                self._stopped.add(key)
+                self.stop_pod(*key)
+
+    def stop_pod(self, namespace: str, name: str) -> None:
+        """The pod is gone from the API (deleted, evicted): as the kubelet
+        does, its containers are stopped for good, and their processes exit
+        and free their memory."""
+        for pid, p, c in self._procs:
+            if c.pod is not None and c.pod.namespace == namespace and c.pod.name == name:
+                c.failed = True
+                self.device(p).exit(pid)
 
     def advance(self, t: float) -> list[SimOOMKill]:
         """Move every process to what its profile wants at ``t`` seconds; return

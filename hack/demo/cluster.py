@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import dra  # hack/demo/dra.py
 import plan as P  # hack/demo/plan.py (run.py puts hack/demo on sys.path)
 import yaml
 from kubernetes import client, config
@@ -29,6 +30,7 @@ class Cluster:
         self.kubeconfig = ""
         self.started = False  # this run started the cluster (so it stops it)
         self.created_examples: list[str] = []
+        self.created_dra: list[str] = []  # DeviceClasses and ResourceSlices this run made
         self.api: Any = None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -63,6 +65,25 @@ class Cluster:
         after = set(self.kubectl("get", "-f", examples, "-o", "name").stdout.split())
         self.created_examples = sorted(after - before)
         self.say(f"installed the CRDs and examples/ ({len(after)} objects, {len(self.created_examples)} new)")
+
+    def install_dra(self, sc: P.DemoScenario) -> None:
+        """Publish the scenario's ``draDevices`` as the stand-in DRA driver does
+        (hack/demo/dra.py), with its DeviceClasses, remembering what this run created."""
+        if not sc.dra_devices:
+            return
+        slices = dra.slices(sc.nodes, sc.dra_devices)
+        classes = str(dra.DEVICE_CLASSES)
+        before = set(self.kubectl("get", "-f", classes, "-o", "name", "--ignore-not-found").stdout.split())
+        self.kubectl("apply", "-f", classes)
+        after = set(self.kubectl("get", "-f", classes, "-o", "name").stdout.split())
+        for s in slices:
+            name = f"resourceslice.resource.k8s.io/{s['metadata']['name']}"
+            if not self.kubectl("get", name, "--ignore-not-found", "-o", "name").stdout.strip():
+                self.created_dra.append(name)
+        dra.driver.publish(self.api, slices)
+        self.created_dra += sorted(after - before)
+        devices = ", ".join(f"{n}: {', '.join(d)}" for n, d in sc.dra_devices.items())
+        self.say(f"published DRA devices ({devices}) as the stand-in driver {dra.driver.DRIVER}")
 
     def create_workloads(self, sc: P.DemoScenario, verbose: bool) -> None:
         """Create the scenario's namespaces and objects (after deleting what a killed run left)."""
@@ -139,6 +160,8 @@ class Cluster:
         self.kubectl("delete", "nodegpuusages.vramguard.io", *sc.node_names, "--ignore-not-found", check=False)
         if self.created_examples:
             self.kubectl("delete", *self.created_examples, "--ignore-not-found", "--wait=false", check=False)
+        if self.created_dra:
+            self.kubectl("delete", *self.created_dra, "--ignore-not-found", "--wait=false", check=False)
         for ns in sc.namespaces:
             self.kubectl("wait", "--for=delete", f"namespace/{ns}", "--timeout=60s", check=False)
         if self.started:

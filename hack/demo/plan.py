@@ -21,7 +21,7 @@ OUTCOMES = ("annotated", "throttled", "evicted", "leftAlone")
 # vramguard's Event reasons, by the outcome they show (docs/operator.md, "Actions, in order").
 ANNOTATE_REASONS = frozenset({"LimitExceeded", "LeakDetected"})
 THROTTLE_REASONS = frozenset({"Throttled"})
-EVICT_REASONS = frozenset({"Evicting"})
+EVICT_REASONS = frozenset({"Evicting", "DevicePressure"})
 COMPONENT = "vramguard"
 _EPOCH = datetime.fromtimestamp(0, UTC)
 
@@ -48,7 +48,10 @@ class PodPlan:
 
 @dataclass(frozen=True)
 class DemoScenario:
-    """``hack/demo/scenario.yaml`` parsed: speeds and durations in seconds."""
+    """``hack/demo/scenario.yaml`` parsed: speeds and durations in seconds;
+    ``saved_from_oom``: pods that the simulated GPUs kill when nobody acts and
+    that must survive the run; ``dra_devices``: the devices of each node that
+    the stand-in DRA driver publishes (hack/demo/dra.py)."""
 
     speed: float
     sample_interval_s: float
@@ -59,6 +62,8 @@ class DemoScenario:
     nodes: Sequence[Mapping[str, Any]]
     pods: Sequence[PodPlan]
     expect: Mapping[str, frozenset[str]]
+    saved_from_oom: frozenset[str] = frozenset()
+    dra_devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def node_names(self) -> list[str]:
@@ -92,13 +97,7 @@ def load_scenario(path: Path) -> DemoScenario:
         ns = (obj.get("metadata") or {}).get("namespace")
         if ns is not None and ns not in namespaces:
             raise ValueError(f"{where}: {obj.get('kind')} {obj['metadata'].get('name')}: namespace {ns!r} is not in namespaces")
-    expect: dict[str, frozenset[str]] = {}
-    for key in OUTCOMES:
-        named = frozenset(str(x) for x in (data.get("expect") or {}).get(key) or ())
-        unknown = named - set(ids)
-        if unknown:
-            raise ValueError(f"{where}: expect.{key}: unknown pod ids {sorted(unknown)}")
-        expect[key] = named
+    expect, saved, dra_devices = _expectations(data, set(ids), where)
 
     def seconds(key: str, default: str) -> float:
         return parse_duration(str(data.get(key, default)), f"{where}: {key}")
@@ -116,7 +115,31 @@ def load_scenario(path: Path) -> DemoScenario:
         nodes=list(data.get("nodes") or ()),
         pods=pods,
         expect=expect,
+        saved_from_oom=saved,
+        dra_devices=dra_devices,
     )
+
+
+def _expectations(
+    data: Mapping[str, Any], ids: set[str], where: str
+) -> tuple[dict[str, frozenset[str]], frozenset[str], dict[str, tuple[str, ...]]]:
+    """The scenario's ``expect`` (outcomes, ``savedFromOOM``) and ``draDevices``;
+    ``ValueError`` for an unknown pod id or node."""
+    expect: dict[str, frozenset[str]] = {}
+    for key in OUTCOMES:
+        named = frozenset(str(x) for x in (data.get("expect") or {}).get(key) or ())
+        unknown = named - ids
+        if unknown:
+            raise ValueError(f"{where}: expect.{key}: unknown pod ids {sorted(unknown)}")
+        expect[key] = named
+    saved = frozenset(str(x) for x in (data.get("expect") or {}).get("savedFromOOM") or ())
+    if saved - ids:
+        raise ValueError(f"{where}: expect.savedFromOOM: unknown pod ids {sorted(saved - ids)}")
+    dra_devices = {str(k): tuple(str(d) for d in v or ()) for k, v in (data.get("draDevices") or {}).items()}
+    unknown_nodes = set(dra_devices) - {str(n.get("name")) for n in data.get("nodes") or ()}
+    if unknown_nodes:
+        raise ValueError(f"{where}: draDevices: unknown nodes {sorted(unknown_nodes)}")
+    return expect, saved, dra_devices
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,9 @@ ROOT = HERE.parents[1]
 SOURCE_ROOTS = [str(ROOT / d) for d in ("api", "operator", "agent")]
 sys.path[:0] = [str(HERE), *SOURCE_ROOTS]
 
-# The runner's parts, next to it in hack/demo/: plan (pure), cluster, children, view.
+# The runner's parts, next to it in hack/demo/: plan (pure), oom, dra, cluster, children, view.
+import dra  # noqa: E402
+import oom  # noqa: E402
 import plan as P  # noqa: E402
 import view  # noqa: E402
 import yaml  # noqa: E402
@@ -210,7 +212,13 @@ class Demo:
               f"({self.speed:g}x) ==")
         budget_events = P.budget_only_events(events)
         view.print_outcomes(results, budget_events, self.wall_agents)
+        oom_json, saved_bad = self.oom_summary(t, results)
+        dra_limits = self.dra_summary()
         bad = {k: v for k, v in mismatch.items() if v[0] or v[1]}
+        if saved_bad:
+            bad["savedFromOOM"] = (saved_bad, [])
+        if self.sc.dra_devices and not dra_limits:
+            bad["draLimits"] = (["a limit from a DRA claim"], [])
         counts = ", ".join(f"{'left alone' if k == 'leftAlone' else k} {len(self.sc.expect[k])}" for k in P.OUTCOMES)
         # Shorter than the scenario's shortest length (--duration, Ctrl-C): too early to judge.
         judged = t >= self.sc.short_duration_s - 1
@@ -225,8 +233,60 @@ class Demo:
         else:
             print(f"The run matches the scenario ({counts}).", flush=True)
         if self.args.summary_json:
-            self.write_summary_json(t, results, mismatch, budget_events)
+            self.write_summary_json(t, results, mismatch, budget_events, {**oom_json, "draLimits": dra_limits})
         return 1 if bad else 0
+
+    def oom_summary(self, t: float, results: list[P.PodOutcome]) -> tuple[dict[str, Any], list[str]]:
+        """Print the out-of-memory kills of the run (the agents' logs) and of the
+        same scenario with nobody acting (``oom.without_vramguard``, for the
+        run's scenario time); return them as JSON, and the ids of
+        ``savedFromOOM`` that were not saved."""
+        assert self.resolved is not None
+        names = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": i for i, p in self.resolved.pods.items()}
+        during = oom.kills_in_logs(log for name, _, log in self.children.procs if name.startswith("agent-"))
+        step = self.sc.sample_interval_s * self.speed
+        without = oom.without_vramguard(self.resolved.agent_scenario, t * self.speed, step)
+        print("Out-of-memory kills during the run: " + (", ".join(
+            f"{names.get(f'{k.namespace}/{k.pod}', k.pod)} at {format_seconds(k.t_s)}" for k in during) or "none"))
+        print("Without vramguard (the same scenario on the simulated GPUs, nobody acting):")
+        for u in without or ():
+            print("    " + oom.describe(u, names))
+        if not without:
+            print("    no out-of-memory kill")
+        # alive: in the last listing, running, not leaving (a pod evicted or gone is not saved)
+        running = {self.resolved.by_uid.get(p["metadata"]["uid"]) for p in self.pods()
+                   if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
+        saved, not_saved = oom.saved(self.sc.saved_from_oom, [names.get(f"{u.kill.namespace}/{u.kill.pod}") for u in without],
+                                     [names.get(f"{k.namespace}/{k.pod}") for k in during], running)
+        pressure = sorted(r.id for r in results if "DevicePressure" in r.reasons)
+        for i in saved:
+            first = next(u for u in without if names.get(f"{u.kill.namespace}/{u.kill.pod}") == i)
+            print(f"vramguard saved {i}: without it, killed by CUDA out of memory after "
+                  f"{format_seconds(first.kill.time_s)} of scenario time; with it, running after "
+                  f"{format_seconds(t * self.speed)}" + (f" ({', '.join(pressure)} evicted for device pressure)."
+                                                         if pressure else "."))
+        body = {
+            "oomKillsDuringRun": [{"id": names.get(f"{k.namespace}/{k.pod}"), "pod": f"{k.namespace}/{k.pod}",
+                                   "scenarioSeconds": k.t_s, "text": k.text} for k in during],
+            "withoutVramguard": [{"id": names.get(f"{u.kill.namespace}/{u.kill.pod}"), "scenarioSeconds": u.kill.time_s,
+                                  "text": oom.describe(u, names)} for u in without],
+            "savedFromOOM": saved,
+        }
+        return body, not_saved
+
+    def dra_summary(self) -> list[dict[str, str]]:
+        """Print the limits vramguard took from DRA claims (the pods'
+        ``vramguard.io/limits`` as last listed); return them as JSON."""
+        assert self.resolved is not None
+        latest = {self.resolved.by_uid[u]: p for u, p in self.seen_pods.items() if u in self.resolved.by_uid}
+        limits = dra.claim_limits(latest)
+        if self.sc.dra_devices:
+            print("Limits from DRA claims (what the scheduler booked, enforced):")
+            for lim in limits or ():
+                print("    " + lim.text())
+            if not limits:
+                print("    none")
+        return [{"id": x.id, "key": x.key, "limit": x.limit, "source": x.source, "detail": x.detail} for x in limits]
 
     def write_summary_json(
         self,
@@ -234,8 +294,10 @@ class Demo:
         results: list[P.PodOutcome],
         mismatch: dict[str, tuple[list[str], list[str]]],
         budget_events: list[tuple[str, P.EventLine]],
+        more: dict[str, Any],
     ) -> None:
         extra = {
+            **more,
             "wallSeconds": round(t, 1),
             "speed": self.speed,
             "durationSeconds": self.duration_s,
@@ -251,6 +313,7 @@ class Demo:
     def run(self) -> int:
         self.cluster.ensure()
         self.cluster.install()
+        self.cluster.install_dra(self.sc)
         self.cluster.create_workloads(self.sc, self.args.verbose)
         self.resolved = self.wait_for_pods()
         self.start_processes(self.resolved)

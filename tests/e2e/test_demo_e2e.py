@@ -29,7 +29,8 @@ NODES = ("gpu-h100-ts", "gpu-a100-mig", "gpu-a10-vgpu")
 # The scenario of issue 8, independent of hack/demo/scenario.yaml's own `expect`.
 EXPECTED = {
     # a fine-tuning pod outgrowing its quarter of a time-sliced GPU: annotated, then throttled
-    "finetune": ["annotated", "throttled"],
+    # (its budget's ladder), then evicted for device pressure when the GPU runs short (issue 13)
+    "finetune": ["annotated", "throttled", "evicted"],
     # the leaking inference Deployment's pod: annotated with its projection, evicted before it
     "embedder": ["annotated", "evicted"],
     # a sweep over its total: every worker annotated, the largest throttled and evicted
@@ -42,6 +43,8 @@ EXPECTED = {
     "chat": ["leftAlone"],
     "whisper": ["leftAlone"],
     "sdxl": ["leftAlone"],
+    # a pod whose GPU memory the kube-scheduler booked through a DRA claim (12Gi), grown to 15Gi (issue 15)
+    "rerank": ["annotated"],
 }
 
 
@@ -90,6 +93,14 @@ def test_demo_short_run_matches_the_scenario_and_leaves_nothing(cluster: Any, tm
     events = {p["id"]: {e["reason"]: e["message"] for e in p["events"]} for p in summary["pods"]}
     assert "above its DeviceVRAM limit 19.8Gi" in events["finetune"]["LimitExceeded"]
     assert "CPU limit set to 500m" in events["finetune"]["Throttled"]
+    pressure = events["finetune"]["DevicePressure"]
+    assert "evicting pod finetune-0" in pressure and "above its share of 19.8Gi" in pressure
+    assert "to protect 1 pod within its share" in pressure
+    # chat survives: no out-of-memory kill in the run; the same scenario with nobody acting kills it
+    assert summary["oomKillsDuringRun"] == []
+    assert summary["savedFromOOM"] == ["chat"]
+    assert summary["withoutVramguard"][0]["id"] == "chat"
+    assert "chat is killed by CUDA out of memory" in summary["withoutVramguard"][0]["text"]
     detected, evicting = events["embedder"]["LeakDetected"], events["embedder"]["Evicting"]
     assert "leaks: VRAM grows" in detected and "projected to reach 24Gi in" in detected
     left = parse_duration(evicting.split("projected to reach 24Gi in ")[1].split(".")[0])
@@ -106,6 +117,15 @@ def test_demo_short_run_matches_the_scenario_and_leaves_nothing(cluster: Any, tm
     out = run.stdout
     assert "NAMESPACE" in out and "STATE" in out and "vgpu/usable" in out and "mig/3g.20gb" in out
     assert "LeakDetected" in out and "The run matches the scenario" in out
+    saved = [line for line in out.splitlines() if line.startswith("vramguard saved chat: without it, killed by CUDA")]
+    assert saved and "(finetune evicted for device pressure)" in saved[0], out[-3000:]
+    # The DRA claim's booking is the pod's limit: in the summary, the live table and the Event.
+    (dra_limit,) = summary["draLimits"]
+    claim = dra_limit["source"].removeprefix("dra/")
+    assert dra_limit["id"] == "rerank" and claim.startswith("rerank-0-gpu-") and dra_limit["limit"] == "12Gi"
+    assert dra_limit["key"].startswith("perDevice[GPU-") and "on gpu-7" in dra_limit["detail"]
+    assert f"dra/{claim}" in out and "Limits from DRA claims" in out
+    assert "above its DeviceVRAM limit 12Gi" in events["rerank"]["LimitExceeded"]
 
     # It ends by itself within its short duration, and leaves nothing running or behind.
     assert summary["durationSeconds"] <= 120 and took < 300
@@ -117,5 +137,7 @@ def test_demo_short_run_matches_the_scenario_and_leaves_nothing(cluster: Any, tm
     assert gone(custom.get_cluster_custom_object, GROUP, VERSION, "gpumemorypolicies", "vg-demo")
     for node in NODES:
         assert gone(custom.get_cluster_custom_object, GROUP, VERSION, "nodegpuusages", node)
+    # the ResourceSlice the demo published as the stand-in DRA driver
+    assert gone(custom.get_cluster_custom_object, "resource.k8s.io", "v1", "resourceslices", "gpu-h100-ts-gpu.vramguard.test")
     # the cluster was up before the run (the session fixture): the run leaves it up
     assert core.list_node(label_selector="kubernetes.io/hostname=gpu-h100-ts").items

@@ -264,3 +264,26 @@ def test_restart_policy_never_leaves_the_container_down():
     assert kill.restart_at_s is None and "the pod fails" in kill.message()
     now[0] = 7200.0
     assert FIRST_PID + 1 not in held(backend)
+
+
+def test_a_pod_deleted_from_the_api_stops_and_frees_its_memory():
+    """As the kubelet does: once the API has shown a pod and no longer does
+    (an eviction), its containers stop for good; a pod not shown yet (the
+    watch not synced) keeps running."""
+    now = [0.0]
+    metas = {
+        f"uid-{n}": PodMeta(uid=f"uid-{n}", namespace=ns, name=n, gpu=True)
+        for ns, n in (("serving", "chat"), ("training", "finetune"))
+    }
+    api = {}
+    backend = SimBackend(crowded(), api_pods=lambda: api, clock=lambda: now[0])
+    server, grower = FIRST_PID, FIRST_PID + 1
+    assert held(backend) == {server: 2 * GIB, grower: 2 * GIB}  # nothing shown yet: both run
+    api.update(metas)
+    assert held(backend) == {server: 2 * GIB, grower: 2 * GIB}
+    del api["uid-finetune"]  # evicted: gone from the API
+    now[0] = 3600.0  # it would want 8Gi and die; it is gone, and the server grows into its memory
+    assert held(backend) == {server: 4 * GIB}
+    assert not backend.oom_kills
+    now[0] = 7200.0
+    assert held(backend) == {server: 4 * GIB}  # never restarted

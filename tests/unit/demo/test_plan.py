@@ -50,6 +50,7 @@ def test_the_demo_scenario_loads_and_its_agent_scenario_is_valid_for_the_agent()
     assert sc.speed > 1 and sc.short_duration_s < sc.duration_s <= 600
     ids = {p.id for p in sc.pods}
     assert set().union(*sc.expect.values()) == ids  # every pod has an expected outcome
+    assert sc.saved_from_oom == {"chat"}
     resolved = P.resolve(sc, demo_pods())
     agents = Scenario.model_validate(resolved.agent_scenario)  # the agent's own model accepts it
     names = {(p.namespace, p.name) for n in agents.nodes for p in n.pods}
@@ -132,6 +133,7 @@ def test_outcomes_from_vramguard_events_and_the_check():
         event(uid["embedder"], "Evicting", t="2026-11-30T12:01:00Z"),
         event(uid["finetune"], "LimitExceeded"),
         event(uid["finetune"], "Throttled", t="2026-11-30T12:00:30Z"),
+        event(uid["finetune"], "DevicePressure", t="2026-11-30T12:00:45Z"),
         event(uid["sdxl"], "AboveWarningThreshold"),
         event(uid["chat"], "Killing", component="kubelet"),  # not vramguard's
         event("budget-uid", "Evicting", kind="GPUMemoryBudget"),  # the budget's copy
@@ -140,16 +142,16 @@ def test_outcomes_from_vramguard_events_and_the_check():
     results = {r.id: r for r in P.outcomes(resolved, events, seen, sc)}
     assert results["embedder"].outcomes == ["annotated", "evicted"]
     assert [e.reason for e in results["embedder"].events] == ["LeakDetected", "Evicting"]
-    assert results["finetune"].outcomes == ["annotated", "throttled"]
+    assert results["finetune"].outcomes == ["annotated", "throttled", "evicted"]
     assert results["sdxl"].outcomes == ["leftAlone"] and results["chat"].events == []
     new = results["embedder~new"]
     assert new.outcomes == ["leftAlone"] and new.workload == "Deployment embedder"
     mismatch = P.check(sc.expect, list(results.values()))
     assert mismatch["evicted"] == (["sweep-2"], [])  # sweep-2 was expected to be evicted
-    assert mismatch["annotated"] == (["sweep-0", "sweep-1", "sweep-2"], [])
-    assert mismatch["leftAlone"] == ([], ["sweep-0", "sweep-1", "sweep-2"])
+    assert mismatch["annotated"] == (["rerank", "sweep-0", "sweep-1", "sweep-2"], [])
+    assert mismatch["leftAlone"] == ([], ["rerank", "sweep-0", "sweep-1", "sweep-2"])
     summary = P.summary_json(list(results.values()), mismatch, {"wallSeconds": 90})
-    assert summary["outcomes"]["evicted"] == ["embedder"] and summary["wallSeconds"] == 90
+    assert summary["outcomes"]["evicted"] == ["embedder", "finetune"] and summary["wallSeconds"] == 90
     assert summary["mismatch"]["evicted"] == {"missing": ["sweep-2"], "unexpected": []}
 
 
@@ -170,3 +172,43 @@ def test_budget_only_events_leave_out_the_copies_of_pod_events():
     other = {**recovered, "source": {"component": "someone-else"}, "reportingComponent": "someone-else"}
     (only,) = P.budget_only_events([pod_copy, budget_copy, recovered, other])
     assert only[0] == "sweep" and only[1].reason == "Recovered" and only[1].message.endswith("under 60Gi")
+
+
+_oom_spec = importlib.util.spec_from_file_location("demo_oom", ROOT / "hack" / "demo" / "oom.py")
+assert _oom_spec is not None and _oom_spec.loader is not None
+OOM = importlib.util.module_from_spec(_oom_spec)
+sys.modules["demo_oom"] = OOM
+_oom_spec.loader.exec_module(OOM)
+
+
+def test_without_vramguard_the_fine_tune_takes_chats_room_and_chat_dies():
+    """The demo's own scenario on the simulated GPUs with nobody acting: the
+    neighbour within its share is the one killed, within the short run."""
+    sc = P.load_scenario(SCENARIO)
+    resolved = P.resolve(sc, demo_pods())
+    names = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": i for i, p in resolved.pods.items()}
+    step = sc.sample_interval_s * sc.speed
+    without = OOM.without_vramguard(resolved.agent_scenario, sc.short_duration_s * sc.speed, step)
+    assert [names[f"{u.kill.namespace}/{u.kill.pod}"] for u in without][:1] == ["chat"]
+    first = without[0]
+    assert first.kill.kill.held_bytes + first.kill.kill.requested_bytes <= (81559 - 579) * 2**20 // 4  # within its share
+    text = OOM.describe(first, names)
+    assert text.startswith("chat is killed by CUDA out of memory after") and "finetune held" in text
+
+
+def test_kills_in_the_agents_logs(tmp_path):
+    log = tmp_path / "agent-n1.log"
+    log.write_text(
+        "2026-12-01 10:00:00,000 WARNING vramguard.agent.sim: node n1 t=3540s: pod ns/chat-7d9f container server "
+        "(pid 20002) killed by CUDA out of memory on GPU-1: held 16Gi, an allocation of 1Gi failed with 0 free; "
+        "the container restarts at t=3550s\nother line\n"
+    )
+    [kill] = OOM.kills_in_logs([log, tmp_path / "missing.log"])
+    assert (kill.node, kill.namespace, kill.pod, kill.t_s) == ("n1", "ns", "chat-7d9f", 3540.0)
+
+
+def test_saved_means_killed_without_never_killed_with_and_running_at_the_end():
+    assert OOM.saved(["chat"], ["chat", "finetune"], [], ["chat", None]) == (["chat"], [])
+    assert OOM.saved(["chat"], ["finetune"], [], ["chat"]) == ([], ["chat"])  # not killed without: nothing saved
+    assert OOM.saved(["chat"], ["chat"], ["chat"], ["chat"]) == ([], ["chat"])  # killed during the run too
+    assert OOM.saved(["chat"], ["chat"], [], []) == ([], ["chat"])  # evicted, or gone, at the end

@@ -1,0 +1,112 @@
+"""What the demo says about out-of-memory kills (pure, but for reading logs):
+
+- ``without_vramguard``: the agents' scenario played on the simulated GPUs
+  alone — the same devices and driver semantics the agents use
+  (``vramguard_agent.simgpu``: an allocation that does not fit kills its
+  process), no operator, no eviction — for the run's scenario time: the kills
+  that happen when nobody acts;
+- ``kills_in_logs``: the kills the agents logged during the run (their
+  simulated devices log each one at WARNING, naming the pod).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vramguard_agent.scenario import Scenario
+from vramguard_agent.sim import assign_pids, device_uuid
+from vramguard_agent.simgpu import SimDevices, SimOOMKill
+from vramguard_api.units import format_bytes, format_seconds
+
+# "node N t=Xs: pod NS/NAME container C (pid P) killed by CUDA out of memory on ..." (simgpu.SimOOMKill.message)
+_KILL_LINE = re.compile(r"node (\S+) t=([0-9.e+]+)s: pod ([^/\s]+)/(\S+) container \S+ \(pid \d+\) killed by CUDA out of memory")
+
+
+@dataclass(frozen=True)
+class Kill:
+    """A pod killed by an out-of-memory error: where, when (scenario seconds),
+    and the line that says so."""
+
+    node: str
+    namespace: str
+    pod: str
+    t_s: float
+    text: str
+
+
+@dataclass(frozen=True)
+class Unguarded:
+    """A kill of the run without vramguard, and what the others held on its
+    device then (``owner`` as ``namespace/name``, bytes)."""
+
+    kill: SimOOMKill
+    holders: tuple[tuple[str, int], ...]
+
+
+def without_vramguard(agent_scenario: Mapping[str, Any], duration_s: float, step_s: float) -> list[Unguarded]:
+    """Every node of ``agent_scenario`` (the agents' format, real pod names)
+    played for ``duration_s`` scenario seconds in steps of ``step_s`` (the
+    agents' sampling, in scenario time) with nobody acting: the OOM kills, in
+    time order."""
+    scenario = Scenario.model_validate(agent_scenario)
+    out: list[Unguarded] = []
+    quiet = logging.getLogger("vramguard.agent.sim")  # the devices log each kill: this run is not the agents'
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        for node in scenario.nodes:
+            devices = SimDevices(node, assign_pids(node), lambda gpu, mig, n=node: device_uuid(n, gpu, mig))
+            for i in range(int(duration_s // step_s) + 1):
+                for kill in devices.advance(i * step_s):
+                    device = next(d for d in devices.devices.values() if d.uuid == kill.kill.device)
+                    held = tuple((p.owner or "host", p.used_bytes) for p in device.processes.values() if p.used_bytes)
+                    out.append(Unguarded(kill, held))
+    finally:
+        quiet.setLevel(level)
+    return sorted(out, key=lambda u: (u.kill.time_s, u.kill.node))
+
+
+def kills_in_logs(logs: Iterable[Path]) -> list[Kill]:
+    """The OOM kills of pods the agents logged (their log files)."""
+    out = []
+    for path in logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            m = _KILL_LINE.search(line)
+            if m:
+                out.append(Kill(m.group(1), m.group(3), m.group(4), float(m.group(2)), line[m.start():]))
+    return out
+
+
+def saved(
+    expected: Iterable[str], killed_without: Iterable[str | None], killed_during: Iterable[str | None],
+    running: Iterable[str | None],
+) -> tuple[list[str], list[str]]:
+    """Which of the ``expected`` pod ids vramguard saved, and which not (both
+    sorted): saved is killed when nobody acts (``killed_without``), never
+    killed during the run (``killed_during``), and running at its end
+    (``running``: listed, Running, not leaving)."""
+    without, during, alive = set(killed_without), set(killed_during), set(running)
+    ok = {i for i in expected if i in without and i not in during and i in alive}
+    return sorted(ok), sorted(set(expected) - ok)
+
+
+def describe(u: Unguarded, names: Mapping[str, str]) -> str:
+    """One sentence: who died when (scenario time), what it held, the
+    allocation that failed, and who held the device. ``names``: a demo id by
+    ``namespace/name``."""
+    kill, k = u.kill, u.kill.kill
+    who = names.get(f"{kill.namespace}/{kill.pod}", kill.pod or "a host process")
+    others = ", ".join(f"{names.get(o, o)} held {format_bytes(b)}" for o, b in u.holders)
+    return (
+        f"{who} is killed by CUDA out of memory after {format_seconds(kill.time_s)} of scenario time: it held "
+        f"{format_bytes(k.held_bytes)} and an allocation of {format_bytes(k.requested_bytes)} failed with "
+        f"{format_bytes(k.free_bytes)} free" + (f" ({others})" if others else "")
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,3 +110,16 @@ def describe(u: Unguarded, names: Mapping[str, str]) -> str:
         f"{format_bytes(k.held_bytes)} and an allocation of {format_bytes(k.requested_bytes)} failed with "
         f"{format_bytes(k.free_bytes)} free" + (f" ({others})" if others else "")
     )
+
+
+def summarize(without: Sequence[Unguarded], names: Mapping[str, str]) -> list[str]:
+    """One line per pod killed in ``without`` (time order of first kills): its
+    first kill (``describe``), and when it was killed again after restarts."""
+    by_pod: dict[str, list[Unguarded]] = {}
+    for u in without:
+        by_pod.setdefault(f"{u.kill.namespace}/{u.kill.pod}", []).append(u)
+    lines = []
+    for kills in by_pod.values():
+        again = ", ".join(format_seconds(u.kill.time_s) for u in kills[1:])
+        lines.append(describe(kills[0], names) + (f"; restarted, killed again at {again}" if again else ""))
+    return lines

@@ -249,8 +249,8 @@ class Demo:
         print("Out-of-memory kills during the run: " + (", ".join(
             f"{names.get(f'{k.namespace}/{k.pod}', k.pod)} at {format_seconds(k.t_s)}" for k in during) or "none"))
         print("Without vramguard (the same scenario on the simulated GPUs, nobody acting):")
-        for u in without or ():
-            print("    " + oom.describe(u, names))
+        for line in oom.summarize(without, names):
+            print("    " + line)
         if not without:
             print("    no out-of-memory kill")
         # alive: in the last listing, running, not leaving (a pod evicted or gone is not saved)

@@ -194,6 +194,10 @@ def test_without_vramguard_the_fine_tune_takes_chats_room_and_chat_dies():
     assert first.kill.kill.held_bytes + first.kill.kill.requested_bytes <= (81559 - 579) * 2**20 // 4  # within its share
     text = OOM.describe(first, names)
     assert text.startswith("chat is killed by CUDA out of memory after") and "finetune held" in text
+    lines = OOM.summarize(without, names)  # one line per pod, its restarts' kills after the first
+    assert len(lines) == len({(u.kill.namespace, u.kill.pod) for u in without}) and lines[0].startswith(text)
+    again = [u for u in without if u.kill.pod == first.kill.pod][1:]
+    assert ("killed again at" in lines[0]) == bool(again)
 
 
 def test_kills_in_the_agents_logs(tmp_path):

@@ -18,16 +18,27 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from vramguard_agent.scenario import Scenario
 
 _DRIVER_PATH = Path(__file__).resolve().parents[1] / "cluster" / "dra_driver.py"
-_spec = importlib.util.spec_from_file_location("dra_driver", _DRIVER_PATH)
-assert _spec is not None and _spec.loader is not None
-driver = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("dra_driver", driver)  # dataclasses look their module up while the class is made
-_spec.loader.exec_module(driver)
+
+
+def _load_driver() -> ModuleType:
+    """hack/cluster/dra_driver.py (a script, not a package), loaded once per process."""
+    if "dra_driver" in sys.modules:  # loaded already (tests/e2e/test_dra_e2e.py does the same)
+        return sys.modules["dra_driver"]
+    spec = importlib.util.spec_from_file_location("dra_driver", _DRIVER_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dra_driver"] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+driver = _load_driver()
 
 LIMITS_ANNOTATION = "vramguard.io/limits"  # docs/allocations.md, "What you see"
 DEVICE_CLASSES = _DRIVER_PATH.parent / "dra-deviceclasses.yaml"

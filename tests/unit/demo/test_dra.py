@@ -14,7 +14,6 @@ from vramguard_agent.scenario import Scenario
 from vramguard_agent.sim import device_uuid
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "hack" / "demo"))  # dra.py imports plan-free siblings only
 _spec = importlib.util.spec_from_file_location("demo_dra", ROOT / "hack" / "demo" / "dra.py")
 assert _spec is not None and _spec.loader is not None
 D = importlib.util.module_from_spec(_spec)

@@ -120,6 +120,10 @@ def summarize(without: Sequence[Unguarded], names: Mapping[str, str]) -> list[st
         by_pod.setdefault(f"{u.kill.namespace}/{u.kill.pod}", []).append(u)
     lines = []
     for kills in by_pod.values():
-        again = ", ".join(format_seconds(u.kill.time_s) for u in kills[1:])
-        lines.append(describe(kills[0], names) + (f"; restarted, killed again at {again}" if again else ""))
+        times = [format_seconds(u.kill.time_s) for u in kills[1:]]
+        if len(times) > 5:  # a crash loop: its start and its end say enough
+            times = [*times[:3], "...", times[-1]]
+        again = f"; restarted, killed again {len(kills) - 1} times: {', '.join(times)}" if len(kills) > 2 else (
+            f"; restarted, killed again at {times[0]}" if times else "")
+        lines.append(describe(kills[0], names) + again)
     return lines

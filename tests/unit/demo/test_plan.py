@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from vramguard_agent.scenario import Scenario
+from vramguard_agent.simgpu import SimOOMKill
+from vramguard_api.gpumem import OOMKill
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = ROOT / "hack" / "demo" / "scenario.yaml"
@@ -197,7 +199,20 @@ def test_without_vramguard_the_fine_tune_takes_chats_room_and_chat_dies():
     lines = OOM.summarize(without, names)  # one line per pod, its restarts' kills after the first
     assert len(lines) == len({(u.kill.namespace, u.kill.pod) for u in without}) and lines[0].startswith(text)
     again = [u for u in without if u.kill.pod == first.kill.pod][1:]
-    assert ("killed again at" in lines[0]) == bool(again)
+    assert ("killed again" in lines[0]) == bool(again)
+    if len(again) > 1:
+        assert f"killed again {len(again)} times: " in lines[0]
+
+
+def test_a_crash_loop_is_summarized_by_its_start_and_end():
+    kills = [OOM.Unguarded(SimOOMKill(60.0 * m, "n1", "ns", "chat-1", "server",
+                                      OOMKill("GPU-1", 7, "ns/chat-1", 15 * 2**30, 2**29, 2**20), None), ())
+             for m in (73, 77, 80, 84, 87, 92, 99)]
+    (line,) = OOM.summarize(kills, {"ns/chat-1": "chat"})
+    assert line.startswith("chat is killed by CUDA out of memory after 1h13m")
+    assert line.endswith("; restarted, killed again 6 times: 1h17m, 1h20m, 1h24m, ..., 1h39m")
+    (two,) = OOM.summarize(kills[:2], {"ns/chat-1": "chat"})
+    assert two.endswith("; restarted, killed again at 1h17m")
 
 
 def test_kills_in_the_agents_logs(tmp_path):

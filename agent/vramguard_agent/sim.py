@@ -297,7 +297,8 @@ class SimBackend:
     the previous one left them (``SimDevices.advance``). ``oom_kills`` holds the
     last ``MAX_OOM_RECORDS`` processes killed by out-of-memory errors. A
     scenario pod that ``api_pods`` showed and no longer does (deleted,
-    evicted) has its containers stopped for good, freeing their memory.
+    evicted) has its containers stopped, freeing their memory, until a pod of
+    that name is shown again.
 
     The fake NVML's per-cgroup memory limits are what the devices enforce
     (``simcgroups``); with ``driver_state`` (a file) they survive an agent

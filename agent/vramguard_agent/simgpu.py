@@ -29,8 +29,8 @@ is evicted first. A process evicted for another's allocation takes its own
 container down, like any out-of-memory kill.
 
 A pod deleted from the API (an eviction among others) has its containers
-stopped for good (``stop_pod``), as the kubelet stops them: its memory is
-freed.
+stopped (``sync_pods``), as the kubelet stops them: its memory is freed. A new
+pod under the same name starts afresh.
 """
 
 from __future__ import annotations
@@ -155,26 +155,39 @@ class SimDevices:
         return {pid: proc.used_bytes for d in self.devices.values() for pid, proc in d.processes.items()}
 
     def sync_pods(self, listed: set[tuple[str, str]]) -> None:
-        """Stop the containers of the scenario pods that the API showed
-        (``listed``: namespace and name of the pods it lists now, on earlier
-        calls) and no longer does: deleted or evicted, as their kubelet would.
-        A pod not listed yet (the watch not synced) keeps running."""
+        """Follow the API's pods (``listed``: namespace and name of the pods it
+        lists now). A scenario pod that it listed before and no longer does
+        (deleted, evicted) has its containers stopped, as its kubelet would; a
+        pod of the same name listed again (a new pod: a StatefulSet's, a
+        re-created one) starts afresh, its profiles from their beginning, at
+        the next ``advance``. A pod not listed yet (the watch not synced)
+        keeps running."""
         for pod in self.node.pods:
             key = (pod.namespace, pod.name)
             if key in listed:
                 self._seen.add(key)
+                if key in self._stopped:
+                    self._stopped.discard(key)
+                    self._start_pod(*key)
             elif key in self._seen and key not in self._stopped:
                 self._stopped.add(key)
                 self.stop_pod(*key)
 
     def stop_pod(self, namespace: str, name: str) -> None:
         """The pod is gone from the API (deleted, evicted): as the kubelet
-        does, its containers are stopped for good, and their processes exit
-        and free their memory."""
+        does, its containers are stopped, and their processes exit and free
+        their memory. They stay stopped until ``sync_pods`` sees the name again."""
         for pid, p, c in self._procs:
             if c.pod is not None and c.pod.namespace == namespace and c.pod.name == name:
                 c.failed = True
                 self.device(p).exit(pid)
+
+    def _start_pod(self, namespace: str, name: str) -> None:
+        """A new pod under a stopped pod's name: its containers start at the
+        next ``advance`` (``down_until`` in the past), with no failures behind them."""
+        for _, _, c in self._procs:
+            if c.pod is not None and c.pod.namespace == namespace and c.pod.name == name:
+                c.failed, c.failures, c.down_until = False, 0, float("-inf")
 
     def advance(self, t: float) -> list[SimOOMKill]:
         """Move every process to what its profile wants at ``t`` seconds; return

@@ -287,3 +287,25 @@ def test_a_pod_deleted_from_the_api_stops_and_frees_its_memory():
     assert not backend.oom_kills
     now[0] = 7200.0
     assert held(backend) == {server: 4 * GIB}  # never restarted
+
+
+def test_a_new_pod_under_a_deleted_pods_name_starts_afresh():
+    """A StatefulSet's pod, or one re-created: the name is listed again, and
+    its containers start again with their profiles from the beginning."""
+    now = [0.0]
+    chat = PodMeta(uid="uid-chat", namespace="serving", name="chat", gpu=True)
+    api = {"uid-chat": chat}
+    backend = SimBackend(crowded(), api_pods=lambda: api, clock=lambda: now[0])
+    server, grower = FIRST_PID, FIRST_PID + 1
+    assert held(backend) == {server: 2 * GIB, grower: 2 * GIB}
+    del api["uid-chat"]
+    now[0] = 600.0
+    assert held(backend) == {grower: 3 * GIB}  # deleted: stopped, its memory freed
+    now[0] = 1200.0
+    assert held(backend) == {grower: 4 * GIB}  # still gone
+    api["uid-chat-2"] = PodMeta(uid="uid-chat-2", namespace="serving", name="chat", gpu=True)
+    now[0] = 1260.0
+    sample = held(backend)
+    assert sample[server] == 2 * GIB  # its profile from the beginning (4Gi from minute 2), not where it was
+    now[0] = 1400.0
+    assert held(backend)[server] == 4 * GIB

@@ -49,6 +49,15 @@ from corpus_leaks import (  # noqa: E402
     sawtooth_slow_leak,
     stairs,
 )
+from corpus_lives import (  # noqa: E402
+    cycle_start,
+    gappy_steps,
+    long_step_leak,
+    record_warmup,
+    redeploy,
+    short_lives,
+    start_leak,
+)
 from corpus_shapes import (  # noqa: E402
     MIB,
     Trace,
@@ -92,6 +101,14 @@ KINDS: dict[str, tuple[Callable[[np.random.Generator, float], Trace], tuple[floa
     "bursty-fast": (bursty_fast, (5, 10, 15, 30)),
     "slow-steps": (slow_steps, (5, 10, 15, 30)),
     "cache-fill": (cache_fill, (5, 10, 15, 60)),
+    # issue 16, second pass: a process's start, restarts and logger gaps (corpus_lives.py)
+    "start-leak": (start_leak, (5, 15, 30, 60)),
+    "short-lives": (short_lives, (5, 10, 15, 30)),
+    "long-step-leak": (long_step_leak, (5, 10, 15, 30)),
+    "record-warmup": (record_warmup, (5, 15, 30, 60)),
+    "cycle-start": (cycle_start, (5, 10, 15, 30)),
+    "redeploy": (redeploy, (5, 15, 30, 60)),
+    "gappy-steps": (gappy_steps, (5, 10, 30, 60)),
 }
 
 

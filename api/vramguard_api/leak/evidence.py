@@ -27,6 +27,12 @@ of these hold (``_objection`` names the first that fails):
   cycle or after a fall does not qualify: it waits for the slow path's
   ``minWindow``.
 
+A segment whose start (the process's, or a restart's) lies within the last hour
+may instead qualify with a rise *from the process's start* (``_start_index``):
+from the end of the model load (``LOAD_SECONDS``), rising within
+``START_FLAT_SECONDS`` of it, with every test above but the flat floor before
+it, once the process has run ``START_SECONDS``.
+
 A qualifying rise is a leak when it has lasted ``minEvidence`` and the lower
 bound of its growth is at least ``minGrowthPerHour`` (``leak.decide``): a fast,
 clean rise reaches that bound within minutes, a slow or noisy one does not
@@ -41,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..robust import TheilSen, median, median_slope, theil_sen
-from .floor import floor_points, rolling_floor
+from .floor import floor_points, misread, rolling_floor
 from .rise import longest_excursion, onset_index, persists, rise_end, scatter
 
 HOUR = 3600.0
@@ -86,6 +92,27 @@ BASELINE_STRAYS = 0.1
 """At most this share of the baseline may lie more than ``BASELINE_SIGMAS`` robust
 deviations (and 32 MiB) from its median."""
 MIB_32 = 32 * 2**20
+START_SECONDS = 1800.0
+"""A rise from the process's start (no flat floor before it: a leak from the start,
+each life between OOM restarts) qualifies once the process has run this long,
+rising as a clean ramp since its model load. Until a cycle that starts with the
+process has turned once, its first rise looks the same: the tuning corpus's
+(``cycle-start``) rise for up to about 26 minutes; at 20 minutes two of them
+were called, at 25 minutes one (docs/leak-detection.md). The default ``minWindow``, counted from the
+process's start rather than from the slow path's onset (which its 5-minute
+blocks place late)."""
+START_FLAT_SECONDS = 120.0
+"""A rise from the process's start must start within this long (and a fast block)
+of the model load: a floor held longer than that after the load and then rising
+is a rise after a (short) flat floor, which needs the baseline of any other."""
+LOAD_SECONDS = 180.0
+"""A rise from the process's start is measured from this long after it: a model load."""
+NO_BASELINE = "no flat floor before it (the process's start, or too few points)"
+NOT_FLAT = "the floor before it was not flat"
+NOT_FROM_FLOOR = "it does not start from the floor before it"
+FLAT_BEFORE_OBJECTIONS = (NO_BASELINE, NOT_FLAT, NOT_FROM_FLOOR)
+"""The objections of ``_flat_before``: a young segment then tries its rise from the start."""
+START_OBJECTION = "from the process's start, not yet longer than a cycle's first rise may be"
 
 
 @dataclass(frozen=True)
@@ -96,7 +123,8 @@ class Evidence:
     ``seconds`` long; its growth ``intercept_bytes + growth * t / 3600`` with the
     95% interval (bytes per hour); ``objection``: the first condition of the
     module docstring it fails, in words (None: it qualifies); ``floor``: the fine
-    floor points it was fitted on.
+    floor points it was fitted on; ``from_start``: the rise was judged from the
+    process's start, with no baseline (``START_SECONDS``).
     """
 
     onset_t_seconds: float
@@ -107,6 +135,7 @@ class Evidence:
     intercept_bytes: float
     objection: str | None
     floor: tuple[np.ndarray, np.ndarray]
+    from_start: bool = False
 
     @property
     def seconds(self) -> float:
@@ -133,20 +162,34 @@ def fit_evidence(
     st: np.ndarray, sv: np.ndarray, excursion_seconds: float, raw_interval_seconds: float
 ) -> Evidence | None:
     """The recent rise of a segment (``current_segment``'s output); None when the
-    segment's last hour holds too few floor points for a baseline and a rise, or
-    when its last points do not all stand above the floor before them (``_nothing_recent``).
+    segment's last hour holds too few floor points for a baseline and a rise (and
+    no rise from the process's start), or when its last points do not all stand
+    above the floor before them (``_nothing_recent``).
     ``excursion_seconds``: the longest excursion of the segment (``Rise``);
     ``raw_interval_seconds``: the time between raw samples (see ``fast_block_seconds``)."""
     width, ft, fv = _fine_floor(st, sv, fast_block_seconds(raw_interval_seconds))
-    if ft.size < 3:
-        return None
+    if ft.size <= MIN_POINTS or _nothing_recent(fv):
+        return None  # no rise to fit
     baseline = baseline_seconds(width)
     first = int(np.searchsorted(ft, ft[0] + baseline))  # onsets that leave a baseline
-    if ft.size - first < MIN_POINTS:
+    start = _start_index(st, ft, fv, width)
+    if ft.size - first >= MIN_POINTS:
+        evidence = _evidence(ft, fv, int(onset_index(ft, fv, MIN_POINTS, first)), excursion_seconds,
+                             (width, baseline), None)
+        if evidence.objection not in FLAT_BEFORE_OBJECTIONS or start is None:
+            return evidence
+    elif start is None:
         return None
-    if _nothing_recent(fv):
-        return None  # no rise to fit
-    onset = onset_index(ft, fv, MIN_POINTS, first)
+    return _evidence(ft, fv, start, excursion_seconds, (width, baseline), float(st[0]))
+
+
+def _evidence(
+    ft: np.ndarray, fv: np.ndarray, onset: int, excursion: float, blocks: tuple[float, float],
+    process_start: float | None,
+) -> Evidence:
+    """The rise of the fine floor from ``ft[onset]`` and why it does not qualify
+    (``_objection``); ``process_start``: the segment's start, seconds, when the rise
+    is judged as one from the process's start (``_start_index``), else None."""
     rt, rv = ft[onset:], fv[onset:]
     fit = theil_sen(rv, rt, alpha=CONFIDENCE)
     return Evidence(
@@ -156,9 +199,31 @@ def fit_evidence(
         growth_low_bytes_per_hour=float(fit.low_slope) * HOUR,
         growth_high_bytes_per_hour=float(fit.high_slope) * HOUR,
         intercept_bytes=float(fit.intercept),
-        objection=_objection(ft, fv, onset, fit, excursion_seconds, (width, baseline)),
+        objection=_objection(ft, fv, onset, fit, excursion, blocks, process_start),
         floor=(ft, fv),
+        from_start=process_start is not None,
     )
+
+
+def _start_index(st: np.ndarray, ft: np.ndarray, fv: np.ndarray, width: float) -> int | None:
+    """Where a rise from the process's start begins on the fine floor, or None when
+    there is none: the fine floor does not reach back to the segment's start (a
+    segment older than the fast path's horizon), or the floor held flat for more
+    than ``START_FLAT_SECONDS`` after the model load before it rose (the
+    hockey stick's onset: then the rise did not start with the process, and
+    needs the flat floor before it of any other rise). The model load is
+    skipped: the first ``LOAD_SECONDS`` and a block (the rolling floor reads a
+    neighbour), then any leading points that ``floor.misread`` takes for a load."""
+    if ft[0] > st[0] + 2 * width:
+        return None
+    index = int(np.searchsorted(ft, st[0] + LOAD_SECONDS + width))
+    low = misread(fv[index:])
+    while index < ft.size - MIN_POINTS and low[0]:
+        index, low = index + 1, low[1:]
+    if ft.size - index < MIN_POINTS:
+        return None
+    onset = index + onset_index(ft[index:], fv[index:], MIN_POINTS)  # the load left out of the fit
+    return index if ft[onset] - ft[index] <= max(START_FLAT_SECONDS, width) else None
 
 
 def _fine_floor(st: np.ndarray, sv: np.ndarray, shortest: float) -> tuple[float, np.ndarray, np.ndarray]:
@@ -217,10 +282,13 @@ def _first_rising(ft: np.ndarray, fv: np.ndarray, onset: int, baseline: float) -
 
 
 def _objection(
-    ft: np.ndarray, fv: np.ndarray, onset: int, fit: TheilSen, excursion: float, blocks: tuple[float, float]
+    ft: np.ndarray, fv: np.ndarray, onset: int, fit: TheilSen, excursion: float, blocks: tuple[float, float],
+    process_start: float | None = None,
 ) -> str | None:
     """Why the rise from ``ft[onset]`` does not qualify (module docstring), or None.
-    ``blocks``: the fast block and the baseline, seconds."""
+    ``blocks``: the fast block and the baseline, seconds; ``process_start``: the
+    segment's start for a rise judged from the process's start (no baseline: it
+    must have lasted ``START_SECONDS`` instead)."""
     slope, low, intercept = fit.slope, fit.low_slope, fit.intercept
     rt, rv = ft[onset:], fv[onset:]
     seconds = rt[-1] - rt[0]
@@ -235,9 +303,11 @@ def _objection(
         return "within the noise"
     if not persists(rt, rv, slope, PERSISTENCE, True):
         return "not a steady ramp (a step)"
-    rising = _first_rising(ft, fv, onset, blocks[1])
+    rising = onset if process_start is not None else _first_rising(ft, fv, onset, blocks[1])
     if _slowing(ft[rising:], fv[rising:]) or rise_end(rt, rv, PLATEAU_GAIN) < rt[-1]:
         return "slowing down (a warm-up, a cache filling up, a step that stops)"
+    if process_start is not None:
+        return None if rt[-1] - process_start >= START_SECONDS else START_OBJECTION
     return _flat_before(ft[:onset], fv[:onset], rt[0], intercept + slope * rt[0], slope, noise, blocks)
 
 
@@ -271,16 +341,16 @@ def _flat_before(
     middle = onset - baseline / 2
     parts = (base, base & (bt < middle), bt >= middle)
     if any(np.count_nonzero(part) < 3 for part in parts):
-        return "no flat floor before it (the process's start, or too few points)"
+        return NO_BASELINE
     for part in parts:
         fit = theil_sen(bv[part], bt[part], alpha=CONFIDENCE)
         flat = fit.low_slope <= 0 <= fit.high_slope or abs(fit.slope) <= BASELINE_DRIFT * slope
         if not (abs(fit.slope) <= BASELINE_RATIO * slope and flat):
-            return "the floor before it was not flat"
+            return NOT_FLAT
     # The onset is known to a block: the level to a block's growth.
     centre, spread = median(bv[base]), scatter(bv[base] - median(bv[base]))
     if abs(centre - level) > 3 * max(noise, spread) + slope * width:
-        return "it does not start from the floor before it"
+        return NOT_FROM_FLOOR
     # Flat within its own noise: a cycle's trough has edges, a held level at most a stray point.
     strays = np.count_nonzero(np.abs(bv[base] - centre) > BASELINE_SIGMAS * spread + MIB_32)
-    return "the floor before it was not flat" if strays > BASELINE_STRAYS * np.count_nonzero(base) else None
+    return NOT_FLAT if strays > BASELINE_STRAYS * np.count_nonzero(base) else None

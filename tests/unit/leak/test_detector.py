@@ -306,11 +306,38 @@ def test_a_slow_leak_needs_longer_than_a_fast_one():
     assert slow is not None and fast is not None and fast + 5 <= slow <= 45
 
 
+def started(t, v, load_s: float = 90.0):
+    """The series as a process that loads its model over ``load_s`` from t = 0."""
+    return t, np.rint(v * np.clip(t / load_s, 0.0, 1.0) / MIB) * MIB
+
+
 def test_the_same_fast_leak_from_the_process_start_waits_for_min_window():
     # No flat floor before it: a warm-up or the first of a cycle's rises look the same.
-    t, v = flat_then(0, 60, lambda s: 6 * GIB * s / HOUR)
+    t, v = started(*flat_then(0, 60, lambda s: 6 * GIB * s / HOUR))
     found = first_leak(t, v, 0.0)
     assert found is not None and found >= 30
+    # ...counted from the process's start: the slow path alone (the fast path off) waits
+    # until its own onset, placed late by its 5-minute blocks, is minWindow behind.
+    slow = first_leak(t, v, 0.0, min_evidence_seconds=30 * MINUTE)
+    assert slow is not None and found < slow
+    a = analyse(*prefix(t, v, found * MINUTE))
+    assert a.fast is not None and a.fast.from_start
+
+
+def test_a_cycle_that_starts_with_the_process_and_turns_is_no_leak():
+    # Buffers gathered at 6 GiB/h for 26 minutes from the start, then freed: for those
+    # 26 minutes the same rise as the leak above; a leak only had it outlasted START_SECONDS.
+    t, v = started(*flat_then(0, 100, lambda s: 6 * GIB * np.mod(s, 26 * MINUTE) / HOUR))
+    assert first_leak(t, v, 0.0) is None
+
+
+def test_a_rise_after_a_short_hold_is_not_one_from_the_process_start():
+    # Flat for 9 minutes from the start (5 after the load and a block), then the leak: too
+    # short a baseline for the fast path, and not a rise from the start either.
+    t, v = started(*flat_then(9, 40, lambda s: 6 * GIB * s / HOUR))
+    for minutes in (31, 35):
+        evidence = analyse(*prefix(t, v, minutes * MINUTE)).evidence
+        assert evidence is None or not evidence.from_start
 
 
 @pytest.mark.parametrize("tau_s", [60.0, 120.0, 180.0])

@@ -97,8 +97,8 @@ class TrendFeatures(APIModel):
         alias="evidenceSeconds",
         ge=0,
         le=MAX_REPORT_SECONDS,
-        description="How long the recent rise of the floor (1-minute floor, from a flat baseline, clean and still "
-        "climbing) has lasted, seconds; absent when there is none. At most 9223372036.854775807.",
+        description="How long the recent rise of the floor (1-minute floor, from a flat baseline or from the "
+        "process's start, clean and still climbing) has lasted, seconds; absent when there is none. At most 9223372036.854775807.",
     )
     evidence_growth_bytes_per_hour: Figure = Field(
         default=None,

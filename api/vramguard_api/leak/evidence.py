@@ -172,14 +172,16 @@ def fit_evidence(
         return None  # no rise to fit
     baseline = baseline_seconds(width)
     first = int(np.searchsorted(ft, ft[0] + baseline))  # onsets that leave a baseline
-    start = _start_index(st, ft, fv, width)
+    evidence = None
     if ft.size - first >= MIN_POINTS:
         evidence = _evidence(ft, fv, int(onset_index(ft, fv, MIN_POINTS, first)), excursion_seconds,
                              (width, baseline), None)
-        if evidence.objection not in FLAT_BEFORE_OBJECTIONS or start is None:
+        if evidence.objection not in FLAT_BEFORE_OBJECTIONS:
             return evidence
-    elif start is None:
-        return None
+    # No flat floor before it: a young segment tries its rise from the process's start.
+    start = _start_index(st, ft, fv, width)
+    if start is None:
+        return evidence
     return _evidence(ft, fv, start, excursion_seconds, (width, baseline), float(st[0]))
 
 

@@ -10,7 +10,8 @@ Rule (a violation *holds*): ``vramguard_api.leak.leak_from_trend`` with the
 budget's ``minGrowthPerHour``, ``minWindow`` and ``minEvidence`` — the very
 decision ``detect_leak`` makes on the agent's history. It needs a rise the
 agent reported: a structural rise (``riseSeconds``, the slow path: a leak from
-``minWindow`` on) or a recent rise from a flat floor (``evidenceSeconds`` with
+``minWindow`` on) or a recent rise that qualifies, from a flat floor or from the
+process's start (``evidenceSeconds`` with
 ``evidenceGrowthLowBytesPerHour``, the fast path: a leak from ``minEvidence``
 on when that lower bound reaches ``minGrowthPerHour``). Features without either
 are no leak, however steep the growth.

@@ -58,6 +58,7 @@ class AgentConfig:
     sim_driver_state: Path | None = None
     enforce_caps: bool = False
     pod_uid: str | None = None
+    simgpu_socket: Path | None = None
 
 
 @dataclass(slots=True)
@@ -155,6 +156,10 @@ def _backend(
     if cfg.backend == "nvml":
         from .nvml import NVMLBackend
 
+        if cfg.simgpu_socket is not None:  # the real node's simulated driver, read through the same NVML calls
+            from .drivernvml import DriverNVML
+
+            return NVMLBackend(DriverNVML(cfg.simgpu_socket)), proc_root, cgroup_root, api_pods, dict
         return NVMLBackend(), proc_root, cgroup_root, api_pods, dict
     from .scenario import load_scenario
     from .sim import SimBackend

@@ -1,4 +1,4 @@
-"""The ``vramguard-agent`` command: run, once, attribute, fake-host.
+"""The ``vramguard-agent`` command: run, once, attribute, fake-host, simgpu-driver.
 
 A click group; the flags of each subcommand, their environment variables and
 defaults are in ``settings`` (shown in ``--help``), so the DaemonSet
@@ -170,6 +170,33 @@ def _owner(node: Any, process: Any) -> str:
     return "host"
 
 
+# --- simgpu-driver ------------------------------------------------------------
+
+
+def cmd_simgpu_driver(socket: Any, node: str, gpus: str, driver_version: str, log_level: str) -> int:
+    """Serve the simulated driver until SIGTERM/SIGINT (docs/real-node.md)."""
+    import yaml
+    from pydantic import TypeAdapter
+
+    from .scenario import SimGPU
+    from .simdriver import SimDriver, serve_in_thread
+
+    _logging(log_level)
+    specs = TypeAdapter(list[SimGPU]).validate_python(yaml.safe_load(gpus))
+    driver = SimDriver(node, specs, driver_version)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = serve_in_thread(socket, driver)
+    log.info("simulated driver %s serving %s: %s", driver_version, socket,
+             ", ".join(f"{d.uuid} {n} {d.total_bytes} bytes" for d, n in zip(driver.devices, driver.names, strict=True)))
+    stop.wait()
+    server.shutdown()
+    server.server_close()
+    socket.unlink(missing_ok=True)
+    return 0
+
+
 # --- the group ---------------------------------------------------------------
 
 CALLBACKS: dict[str, Callable[..., int]] = {
@@ -177,6 +204,7 @@ CALLBACKS: dict[str, Callable[..., int]] = {
     "once": cmd_once,
     "attribute": cmd_attribute,
     "fake-host": cmd_fake_host,
+    "simgpu-driver": cmd_simgpu_driver,
 }
 
 

@@ -57,6 +57,9 @@ def _sampling_parameters(run: bool) -> list[click.Parameter]:
         env("--ram-interval", "VRAMGUARD_RAM_INTERVAL", f"{int(DEFAULT_REFRESH_S)}s", type=Duration(),
             help="how often a pod's RAM and OOM kills are re-read from the cgroup files; 0s: every sample "
             "(env VRAMGUARD_RAM_INTERVAL; default 30s)"),
+        env("--simgpu-socket", "VRAMGUARD_SIMGPU_SOCKET", type=PATH, empty_is_unset=True,
+            help="backend nvml: read the simulated driver at this socket instead of libnvidia-ml (the local "
+            "cluster's real node, docs/real-node.md; env VRAMGUARD_SIMGPU_SOCKET)"),
         env("--sim-offset", "VRAMGUARD_SIM_OFFSET", "0s", type=Duration(),
             help="sim: scenario time at start (env VRAMGUARD_SIM_OFFSET)"),
         env("--sim-speed", "VRAMGUARD_SIM_SPEED", "1", type=Number(lambda x: x > 0, "a positive number"),
@@ -125,11 +128,29 @@ def fake_host_parameters() -> list[click.Parameter]:
     ]
 
 
+REAL_NODE_GPUS = "[{model: NVIDIA H100 80GB HBM3, memory: 81559Mi, reserved: 579Mi}]"
+"""The simulated driver's default devices: the real node's labels (hack/cluster/realnode-config.sh)."""
+
+
+def simgpu_driver_parameters() -> list[click.Parameter]:
+    """The options of ``vramguard-agent simgpu-driver``."""
+    return [
+        click.Option(["--socket"], type=PATH, required=True, help="the Unix socket to serve (pods mount it)"),
+        env_option("--node", "NODE_NAME", "real-node-1", help="node name, for the devices' UUIDs (env NODE_NAME)"),
+        click.Option(["--gpus"], default=REAL_NODE_GPUS, show_default=True,
+                     help="the devices, a YAML list of scenario GPUs (model, count, memory, reserved, overhead)"),
+        click.Option(["--driver-version"], default="570.133.20", show_default=True, help="what NVML reports"),
+        env_option("--log-level", "VRAMGUARD_LOG_LEVEL", "INFO", type=LogLevel(),
+                   help="log level (env VRAMGUARD_LOG_LEVEL)"),
+    ]
+
+
 PARAMETERS = {
     "run": (run_parameters, "sample, serve metrics and write this node's NodeGPUUsage"),
     "once": (once_parameters, "take one sample and print the NodeGPUUsage status as JSON"),
     "attribute": (attribute_parameters, "which pod and container a host pid belongs to"),
     "fake-host": (fake_host_parameters, "write a simulated node's fake /proc and cgroup trees"),
+    "simgpu-driver": (simgpu_driver_parameters, "serve simulated GPUs that real processes use (the real node)"),
 }
 """subcommand -> (its parameters, its help)"""
 
@@ -167,6 +188,7 @@ def agent_config(params: Mapping[str, Any], policy: PublishPolicy | None = None)
         sim_driver_state=params.get("sim_driver_state"),
         enforce_caps=params.get("enforce_caps", False),  # run only: once never applies limits
         pod_uid=params["pod_uid"],
+        simgpu_socket=params["simgpu_socket"],
     )
 
 

@@ -90,6 +90,7 @@ cleanup() {  # cleanup STATE: stop and remove everything of the real node whose 
   stop_pid "$state/containerd.pid"
   kill_shims "$state"
   kill_pods_processes
+  stop_pid "$state/simgpu.pid"
   unmount_under "$state" || { say "mounts left under $state: $(findmnt -rn -o TARGET | under "$state" | tr '\n' ' ')"; ok=false; }
   remove_cgroups || { say "cgroups left: $(cgroup_roots | sed 's|$|/kubepods|' | xargs -r ls -d 2>/dev/null | tr '\n' ' ')"; ok=false; }
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"

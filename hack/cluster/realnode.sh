@@ -12,6 +12,7 @@
 # cgroup tree and one kubelet port): /run/vramguard-real-node names that cluster.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
 source "$here/versions.sh"
 
 CLUSTER_NAME=${VG_CLUSTER_NAME:-vramguard}
@@ -90,6 +91,16 @@ wait_for() {  # wait_for SECONDS WHAT COMMAND...
   done
 }
 
+start_simgpu() {  # the simulated GPU driver (vramguard-agent simgpu-driver), from this checkout's venv
+  local py=$root/.venv/bin/python
+  [[ -x $py ]] || { say "no simulated GPU: $py missing (make venv)"; return 0; }
+  mkdir -p "$SIMGPU_DIR" || return 1
+  start simgpu env PYTHONPATH="$root/api:$root/agent" "$py" -m vramguard_agent simgpu-driver \
+    --socket "$SIMGPU_SOCKET" --node "$REAL_NODE_NAME"
+  wait_for 30 "simulated GPU driver" test -S "$SIMGPU_SOCKET" || return 1
+  say "simulated GPU driver at $SIMGPU_SOCKET (pods mount $SIMGPU_DIR at /run/simgpu)"
+}
+
 node_ready() {
   [[ $(kubectl get node "$REAL_NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
 }
@@ -103,6 +114,7 @@ bring_up() {  # (called in a condition, where set -e does not apply: each step c
   wait_for 30 containerd "$CONTAINERD_BIN/ctr" --address "$SOCK" version || return 1
   "$here/images.sh" "$SOCK" | sed 's/^/realnode: /'
   ((PIPESTATUS[0] == 0)) || return 1
+  start_simgpu || return 1
   start kubelet "$KUBELET_BIN/kubelet" --config "$STATE/kubelet.yaml" --kubeconfig "$STATE/kubelet.kubeconfig" \
     --root-dir "$STATE/kubelet" --cert-dir "$STATE/pki" --hostname-override "$REAL_NODE_NAME" \
     --node-ip "$(node_ip)" --node-labels "$(node_labels)" --v=1
@@ -126,6 +138,7 @@ cmd_up() {
     say "skipped: $why (VG_REAL_NODE=auto; off silences this)"; return 0
   fi
   if [[ $(lock_holder) == "$CLUSTER_NAME" ]] && pid_alive "$STATE/kubelet.pid" && pid_alive "$STATE/containerd.pid" && node_ready; then
+    pid_alive "$STATE/simgpu.pid" || start_simgpu
     say "$REAL_NODE_NAME reused (state $STATE)"; return 0
   fi
   take_lock || { [[ $MODE == on ]] && return 1; return 0; }

@@ -29,3 +29,7 @@ PAUSE_IMAGE=registry.k8s.io/pause:3.10
 WORKLOAD_IMAGE=vramguard.local/busybox:1
 REAL_NODE_NAME=real-node-1
 REAL_NODE_STATE=${VG_REAL_NODE_STATE:-$VG_CACHE/realnode-${VG_CLUSTER_NAME:-vramguard}}
+# The simulated GPU of the real node (docs/real-node.md): the driver's socket,
+# in a directory that pods mount at /run/simgpu (hostPath).
+SIMGPU_DIR=$REAL_NODE_STATE/simgpu
+SIMGPU_SOCKET=$SIMGPU_DIR/driver.sock

@@ -92,6 +92,7 @@ def real_node(cluster: Cluster) -> RealNode:
     return RealNode(
         name=s["REAL_NODE_NAME"], state=Path(s["REAL_NODE_STATE"]), ctr=f"{s['CONTAINERD_BIN']}/ctr",
         image=s["WORKLOAD_IMAGE"], kubelet_version=s["K8S_VERSION"], containerd_version=s["CONTAINERD_VERSION"],
+        simgpu_dir=Path(s["SIMGPU_DIR"]), simgpu_socket=Path(s["SIMGPU_SOCKET"]),
     )
 
 

@@ -16,7 +16,7 @@ TAINT = "vramguard.io/real-node"
 def settings() -> dict[str, str]:
     """The real node's names and paths, from hack/cluster/versions.sh (as the scripts see them)."""
     names = ("REAL_NODE_NAME", "REAL_NODE_STATE", "CONTAINERD_BIN", "CONTAINERD_VERSION", "WORKLOAD_IMAGE",
-             "K8S_VERSION")
+             "K8S_VERSION", "SIMGPU_DIR", "SIMGPU_SOCKET")
     script = f"source {ROOT / 'hack/cluster/versions.sh'} && " + " && ".join(f'echo "${n}"' for n in names)
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
     return dict(zip(names, out, strict=True))
@@ -24,7 +24,8 @@ def settings() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class RealNode:
-    """The real node of the test cluster: its Node name, its containerd and its workload image."""
+    """The real node of the test cluster: its Node name, its containerd, its workload
+    image and its simulated GPU driver (``simgpu_dir`` holds the socket ``simgpu_socket``)."""
 
     name: str
     state: Path
@@ -32,6 +33,8 @@ class RealNode:
     image: str
     kubelet_version: str
     containerd_version: str
+    simgpu_dir: Path
+    simgpu_socket: Path
 
     def host_pid(self, container_id: str) -> int | None:
         """The host PID of a container's init process, from containerd's task list
@@ -98,26 +101,35 @@ def cpu_usage_s(pid: int) -> float:
     return int(stat["usage_usec"]) / 1e6
 
 
-def pod(node: RealNode, name: str, script: str, *, cpu: tuple[str, str] = ("50m", "200m"),
-        host_dir: Path | None = None, grace_s: int = 30) -> dict[str, Any]:
-    """A Burstable pod for the real node: one container ``main`` running ``script``
-    with ``/bin/sh -c`` from the local busybox image (never pulled), CPU request and
-    limit ``cpu``, and ``host_dir`` (a host directory) mounted at /host when given."""
+def pod(node: RealNode, name: str, script: str | list[str], *, cpu: tuple[str, str] = ("50m", "200m"),
+        memory: tuple[str, str] = ("16Mi", "64Mi"), host_dir: Path | None = None, grace_s: int = 30,
+        gpu: bool = False, restart_policy: str = "Always") -> dict[str, Any]:
+    """A pod for the real node: one container ``main`` running ``script`` (a
+    string: with ``/bin/sh -c``; a list: the command itself) from the local
+    busybox image (never pulled), CPU and memory request and limit (Burstable
+    unless they are equal), ``host_dir`` (a host directory) mounted at /host
+    when given, and with ``gpu`` the simulated driver's directory at
+    /run/simgpu (as a GPU pod gets /dev/nvidia*)."""
     container: dict[str, Any] = {
         "name": "main",
         "image": node.image,
         "imagePullPolicy": "Never",
-        "command": ["/bin/sh", "-c", script],
-        "resources": {"requests": {"cpu": cpu[0], "memory": "16Mi"}, "limits": {"cpu": cpu[1], "memory": "64Mi"}},
+        "command": ["/bin/sh", "-c", script] if isinstance(script, str) else script,
+        "resources": {"requests": {"cpu": cpu[0], "memory": memory[0]},
+                      "limits": {"cpu": cpu[1], "memory": memory[1]}},
     }
     spec: dict[str, Any] = {
         "nodeSelector": {TAINT: "true"},
         "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": grace_s,
+        "restartPolicy": restart_policy,
         "containers": [container],
     }
-    if host_dir is not None:
-        container["volumeMounts"] = [{"name": "host", "mountPath": "/host"}]
-        spec["volumes"] = [{"name": "host", "hostPath": {"path": str(host_dir), "type": "Directory"}}]
+    mounts = {"host": ("/host", host_dir), "simgpu": ("/run/simgpu", node.simgpu_dir if gpu else None)}
+    for volume, (mount_path, host_path) in mounts.items():
+        if host_path is not None:
+            container.setdefault("volumeMounts", []).append({"name": volume, "mountPath": mount_path})
+            spec.setdefault("volumes", []).append(
+                {"name": volume, "hostPath": {"path": str(host_path), "type": "Directory"}})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}

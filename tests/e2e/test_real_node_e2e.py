@@ -25,7 +25,9 @@ from kubernetes import client
 
 from vramguard_agent.pods import PodWatcher
 from vramguard_operator.controller.api_calls import KubeActions
-from vramguard_operator.engine.types import ContainerCPU, PodRef
+from vramguard_operator.engine.inputs import PodFacts
+from vramguard_operator.engine.throttle import plan_restore, plan_throttle
+from vramguard_operator.engine.types import PodRef
 
 from .conftest import Cluster
 from .realnode import ROOT, TAINT, RealNode, cgroup_dir, cpu_quota_us, cpu_usage_s, pod
@@ -117,14 +119,20 @@ def test_a_real_process_is_attributed_to_its_pod_and_container(
     assert attribute(os.getpid())["pod_uid"] is None
 
 
-def test_pods_resize_lowers_the_real_cfs_quota(cluster: Cluster, real_node: RealNode, namespace: str) -> None:
+def test_throttle_lowers_the_real_cfs_quota_and_recovery_restores_it(
+    cluster: Cluster, real_node: RealNode, namespace: str
+) -> None:
     obj, pid = run_pod(cluster, real_node, namespace, pod(real_node, "burner", BURN_TRAPPED, cpu=("100m", "500m")))
     assert cpu_quota_us(pid) == 500 * PERIOD_US // 1000
     before = _cores(pid, 1.0)
 
+    # The Throttle step as the operator plans and requests it (engine.throttle, KubeActions: pods/resize).
     ref = PodRef(namespace, "burner", obj["metadata"]["uid"])
+    actions = KubeActions(cluster.api_client())
+    plan = plan_throttle(PodFacts.from_api(obj), "100m", None)
+    assert [c.name for c in plan.resize] == ["main"], plan.reason
     started = time.monotonic()
-    KubeActions(cluster.api_client()).resize_pod(ref, [ContainerCPU("main", "100m")])  # the operator's Throttle request
+    actions.resize_pod(ref, plan.resize)
     until("cpu.cfs_quota_us at 100m", lambda: cpu_quota_us(pid) == 100 * PERIOD_US // 1000, timeout=30)
     took = time.monotonic() - started
 
@@ -132,13 +140,30 @@ def test_pods_resize_lowers_the_real_cfs_quota(cluster: Cluster, real_node: Real
     after = _cores(pid, 2.0)
     print(f"\nresize 500m -> 100m: quota changed after {took:.2f} s; busy loop {before:.3f} -> {after:.3f} cores")
     assert after <= 0.13
+    until("containerStatuses[].resources.limits.cpu == 100m", lambda: _reported_cpu(cluster, namespace) == "100m",
+          timeout=30, every=0.5)
 
-    def reported() -> bool:  # the kubelet reports the resources it applied
-        status = json.loads(cluster.kubectl("get", "pod", "-n", namespace, "burner", "-o", "json").stdout)["status"]
-        return status["containerStatuses"][0].get("resources", {}).get("limits", {}).get("cpu") == "100m"
-
-    until("containerStatuses[].resources.limits.cpu == 100m", reported, timeout=30, every=0.5)
+    # Recovery: the operator's restore puts the recorded limit back, and the kernel lets the loop run again.
+    current = json.loads(cluster.kubectl("get", "pod", "-n", namespace, "burner", "-o", "json").stdout)
+    restore = plan_restore(plan.original, PodFacts.from_api(current), ["100m"])
+    assert [(c.name, c.limit) for c in restore] == [("main", "500m")]
+    started = time.monotonic()
+    actions.resize_pod(ref, restore)
+    until("cpu.cfs_quota_us back at 500m", lambda: cpu_quota_us(pid) == 500 * PERIOD_US // 1000, timeout=30)
+    took = time.monotonic() - started
+    restored = _cores(pid, 2.0)
+    print(f"restore 100m -> 500m: quota changed after {took:.2f} s; busy loop {after:.3f} -> {restored:.3f} cores")
+    assert restored >= 0.3
+    until("containerStatuses[].resources.limits.cpu == 500m", lambda: _reported_cpu(cluster, namespace) == "500m",
+          timeout=30, every=0.5)
     cluster.kubectl("delete", "pod", "-n", namespace, "burner", "--wait=false")
+
+
+def _reported_cpu(cluster: Cluster, namespace: str) -> str | None:
+    """The CPU limit the kubelet reports it applied to the burner's container (status.containerStatuses[].resources)."""
+    status = json.loads(cluster.kubectl("get", "pod", "-n", namespace, "burner", "-o", "json").stdout)["status"]
+    limit: str | None = status["containerStatuses"][0].get("resources", {}).get("limits", {}).get("cpu")
+    return limit
 
 
 def test_an_eviction_terminates_the_process_gracefully(

@@ -54,6 +54,8 @@ RUN_SETTINGS = [
     ("--deadband", "VRAMGUARD_DEADBAND", "128Mi", "1Gi", "policy.deadband_bytes", 128 * MI, 1024 * MI, 64 * MI),
     ("--deadband-fraction", "VRAMGUARD_DEADBAND_FRACTION", "0.1", "0", "policy.deadband_fraction", 0.1, 0.0, 0.02),
     ("--pod-uid", "POD_UID", "uid-env", "uid-flag", "pod_uid", "uid-env", "uid-flag", None),
+    ("--simgpu-socket", "VRAMGUARD_SIMGPU_SOCKET", "/s/env.sock", "/s/flag.sock", "simgpu_socket",
+     Path("/s/env.sock"), Path("/s/flag.sock"), None),
 ]
 
 

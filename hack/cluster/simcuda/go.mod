@@ -1,0 +1,3 @@
+module vramguard.local/simcuda
+
+go 1.22

@@ -103,13 +103,13 @@ def cpu_usage_s(pid: int) -> float:
 
 def pod(node: RealNode, name: str, script: str | list[str], *, cpu: tuple[str, str] = ("50m", "200m"),
         memory: tuple[str, str] = ("16Mi", "64Mi"), host_dir: Path | None = None, grace_s: int = 30,
-        gpu: bool = False, restart_policy: str = "Always") -> dict[str, Any]:
+        gpu: bool = False, restart_policy: str = "Always", labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A pod for the real node: one container ``main`` running ``script`` (a
     string: with ``/bin/sh -c``; a list: the command itself) from the local
     busybox image (never pulled), CPU and memory request and limit (Burstable
     unless they are equal), ``host_dir`` (a host directory) mounted at /host
     when given, and with ``gpu`` the simulated driver's directory at
-    /run/simgpu (as a GPU pod gets /dev/nvidia*)."""
+    /run/simgpu (as a GPU pod gets /dev/nvidia*); ``labels`` on the pod."""
     container: dict[str, Any] = {
         "name": "main",
         "image": node.image,
@@ -132,4 +132,4 @@ def pod(node: RealNode, name: str, script: str | list[str], *, cpu: tuple[str, s
             container.setdefault("volumeMounts", []).append({"name": volume, "mountPath": mount_path})
             spec.setdefault("volumes", []).append(
                 {"name": volume, "hostPath": {"path": str(host_path), "type": "Directory"}})
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(labels or {})}, "spec": spec}

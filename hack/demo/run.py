@@ -47,6 +47,7 @@ sys.path[:0] = [str(HERE), *SOURCE_ROOTS]
 import dra  # noqa: E402
 import oom  # noqa: E402
 import plan as P  # noqa: E402
+import realnode  # noqa: E402
 import view  # noqa: E402
 import yaml  # noqa: E402
 from children import Children, free_port  # noqa: E402
@@ -80,6 +81,7 @@ class Demo:
         self.wall_agents: datetime | None = None
         self.live_on = False  # a terminal is being redrawn: say() stays quiet
         self.live_started = False  # --keep leaves the demo up only once it ran
+        self.real = realnode.RealNodePart(args.real_node, self.cluster.kubectl, self.say)
 
     # -- output
 
@@ -126,7 +128,7 @@ class Demo:
         then one simulated agent per node."""
         scenario_file = self.children.workdir / "agents-scenario.yaml"
         scenario_file.write_text(yaml.safe_dump(resolved.agent_scenario, sort_keys=False))
-        ns_flags = [a for ns in self.sc.namespaces for a in ("-n", ns)]
+        ns_flags = [a for ns in self.namespaces() for a in ("-n", ns)]
         self.children.spawn("operator", [
             sys.executable, "-m", "vramguard_operator", "operator", *ns_flags,
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
@@ -148,10 +150,16 @@ class Demo:
                 "--sim-speed", f"{self.speed:g}", "--sample-interval", f"{interval_ms}ms",
                 "--min-report-interval", "1s", "--heartbeat", "10s", "--metrics-address", "",
             ], self.env())
+        if self.real.active:
+            self.children.spawn("agent-real-node", self.real.agent_argv(self.cluster.kubeconfig), self.env())
         self.t_agents = time.monotonic()
         self.wall_agents = datetime.now(UTC)
         self.say(f"the operator is evaluating; started {len(self.sc.node_names)} simulated agents "
                  f"({', '.join(self.sc.node_names)}): scenario time runs {self.speed:g}x the clock")
+
+    def namespaces(self) -> list[str]:
+        """The scenario's namespaces, and the real node's when it takes part."""
+        return [*self.sc.namespaces, *([realnode.NAMESPACE] if self.real.active else [])]
 
     def operator_evaluating(self) -> bool:
         try:
@@ -167,7 +175,7 @@ class Demo:
         return self.feed.fresh(self.cluster.events(list(self.sc.namespaces)))
 
     def table(self) -> str:
-        return view.table(self.cluster.api, list(self.sc.namespaces))
+        return view.table(self.cluster.api, self.namespaces())
 
     def header(self) -> str:
         t = self.now_s()
@@ -182,6 +190,7 @@ class Demo:
             tick = time.monotonic()
             self.children.check()
             self.cluster.kubelet(self.pods())
+            self.real.observe()
             for e in self.poll_events():
                 line = view.event_line(e, self.wall_agents)
                 self.recent = [*self.recent, line][-12:]
@@ -232,6 +241,8 @@ class Demo:
                 print(f"  {k}: missing {missing}, unexpected {unexpected}")
         else:
             print(f"The run matches the scenario ({counts}).", flush=True)
+        print("\n" + "\n".join(self.real.summary(self.cluster.events([realnode.NAMESPACE]) if self.real.active
+                                                    else [])), flush=True)
         if self.args.summary_json:
             self.write_summary_json(t, results, mismatch, budget_events, {**oom_json, "draLimits": dra_limits})
         return 1 if bad else 0
@@ -316,6 +327,7 @@ class Demo:
         self.cluster.install_dra(self.sc)
         self.cluster.create_workloads(self.sc, self.args.verbose)
         self.resolved = self.wait_for_pods()
+        self.real.start()
         self.start_processes(self.resolved)
         self.say("live view" + (" until Ctrl-C" if self.args.keep else f" for {format_seconds(self.duration_s)}")
                  + ": vramguard's Events as they happen" + ("" if self.tty else f", the table every {TABLE_EVERY_S:.0f}s"))
@@ -341,6 +353,7 @@ class Demo:
                   f"and remove them with: kubectl delete ns {' '.join(self.sc.namespaces)}; "
                   f"kubectl delete gmp vg-demo")
             return
+        self.real.remove()
         self.cluster.remove(self.sc)
 
 
@@ -354,6 +367,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--speed", type=float, default=None, help="scenario seconds per second (overrides the scenario)")
     p.add_argument("--summary-json", default=None, help="also write the summary to this file as JSON")
     p.add_argument("--plain", action="store_true", help="no screen redraws, even in a terminal")
+    p.add_argument("--real-node", choices=("auto", "on", "off"), default="auto",
+                   help="also run one workload on the local cluster's real node (docs/demo.md): auto (default) "
+                   "where it is up, on (an error where it is not), off")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 

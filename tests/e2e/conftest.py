@@ -97,6 +97,14 @@ def real_node(cluster: Cluster) -> RealNode:
 
 
 @pytest.fixture
+def gpu_node(real_node: RealNode) -> RealNode:
+    """The real node with its simulated GPU driver answering (docs/real-node.md); skipped, saying why, otherwise."""
+    if not real_node.simgpu_socket.is_socket():
+        pytest.skip(f"no simulated GPU driver at {real_node.simgpu_socket} (up.sh's output says why; needs make venv)")
+    return real_node
+
+
+@pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Any:
     """A fresh namespace for one test, deleted afterwards (without waiting)."""
     digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]

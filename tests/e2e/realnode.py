@@ -1,9 +1,12 @@
 """The real node for end-to-end tests (hack/cluster/realnode.sh, docs/real-node.md):
 its handle, host-side readers that do not go through vramguard's code
-(containerd's task list, the kernel's cgroup files) and a pod builder."""
+(containerd's task list, the kernel's cgroup files, the simulated GPU driver's
+own state) and a pod builder."""
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,17 @@ class RealNode:
             if len(fields) >= 3 and fields[0] == container_id and fields[2] == "RUNNING":
                 return int(fields[1])
         return None
+
+
+def driver_state(node: RealNode) -> dict[str, Any]:
+    """The simulated GPU driver's state, over its socket in its own protocol (as nvidia-smi reads a
+    real driver; not through vramguard's NVML code): ``devices`` with ``processes`` (host ``pid``, ``usedBytes``)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(str(node.simgpu_socket))
+        sock.sendall(b'{"op": "query"}\n')
+        state: dict[str, Any] = json.loads(sock.makefile("rb").readline())
+    return state
 
 
 def _mounts() -> list[tuple[str, str, set[str]]]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,30 +27,12 @@ from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.engine.types import PodRef
 
 from .conftest import Cluster
-from .realnode import ROOT, RealNode, pod
+from .realnode import ROOT, RealNode, driver_state, pod
 from .test_real_node_e2e import run_pod, until
 
 pytestmark = pytest.mark.e2e
 GIB = 1 << 30
 MIB = 1 << 20
-
-
-@pytest.fixture
-def gpu_node(real_node: RealNode) -> RealNode:
-    """The real node with its simulated GPU driver answering; skipped, saying why, otherwise."""
-    if not real_node.simgpu_socket.is_socket():
-        pytest.skip(f"no simulated GPU driver at {real_node.simgpu_socket} (up.sh's log says why; needs make venv)")
-    return real_node
-
-
-def driver_state(node: RealNode) -> dict[str, Any]:
-    """The driver's state, over its socket in its own protocol (not through vramguard's NVML code)."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(5)
-        sock.connect(str(node.simgpu_socket))
-        sock.sendall(b'{"op": "query"}\n')
-        state: dict[str, Any] = json.loads(sock.makefile("rb").readline())
-    return state
 
 
 def holdings(node: RealNode) -> dict[int, int]:

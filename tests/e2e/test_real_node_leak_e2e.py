@@ -36,9 +36,8 @@ from kubernetes.client.rest import ApiException
 
 from .conftest import Cluster
 from .operator_harness import GI, GROUP, VERSION, OperatorProcess, budget_manifest, events_about, wait_for
-from .realnode import ROOT, RealNode, pod
+from .realnode import ROOT, RealNode, driver_state, pod
 from .test_real_node_e2e import run_pod
-from .test_real_node_gpu_e2e import driver_state, gpu_node  # noqa: F401 - gpu_node is a fixture
 
 pytestmark = pytest.mark.e2e
 MIB = 1 << 20
@@ -52,7 +51,7 @@ def schedule() -> list[str]:
 
 
 def test_a_leaking_real_process_is_evicted_before_the_simulated_gpu_runs_out(
-    cluster: Cluster, gpu_node: RealNode, namespace: str  # noqa: F811 - the fixture
+    cluster: Cluster, gpu_node: RealNode, namespace: str
 ) -> None:
     api = cluster.api_client()
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)

@@ -33,9 +33,8 @@ from kubernetes.client.rest import ApiException
 
 from .conftest import Cluster
 from .operator_harness import GI, GROUP, VERSION, OperatorProcess, events_about, wait_for
-from .realnode import ROOT, RealNode, pod
+from .realnode import ROOT, RealNode, driver_state, pod
 from .test_real_node_e2e import run_pod
-from .test_real_node_gpu_e2e import driver_state, gpu_node  # noqa: F401 - gpu_node is a fixture
 
 pytestmark = pytest.mark.e2e
 CHAT_GROWS_AFTER_S = 75
@@ -72,7 +71,7 @@ def pressure_policy(cluster: Cluster, namespace: str) -> Iterator[str]:
 
 
 def test_device_pressure_evicts_the_over_share_pod_and_saves_its_real_neighbour(
-    cluster: Cluster, gpu_node: RealNode, namespace: str, pressure_policy: str  # noqa: F811 - the fixture
+    cluster: Cluster, gpu_node: RealNode, namespace: str, pressure_policy: str
 ) -> None:
     core = client.CoreV1Api(cluster.api_client())
     operator = OperatorProcess(cluster.kubeconfig, [namespace], [

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +161,14 @@ class RealNodePart:
             if not self.quotas or self.quotas[-1] != read[0]:
                 self.quotas.append(read[0])
 
-    def summary(self, events: list[Mapping[str, Any]]) -> list[str]:
-        """What was real in this run, and what the real workload went through."""
+    def namespaces(self, scenario: Iterable[str]) -> list[str]:
+        """The scenario's namespaces, and the real node's when it takes part."""
+        return [*scenario, *([NAMESPACE] if self.active else [])]
+
+    def summary(self, events_of: Callable[[list[str]], list[dict[str, Any]]]) -> list[str]:
+        """What was real in this run, and what the real workload went through (``events_of``
+        lists the Events of namespaces)."""
+        events = events_of([NAMESPACE]) if self.active else []
         lines = ["== What was real ==",
                  "real: kube-apiserver, etcd, kube-scheduler, kube-controller-manager; the operator and the agents "
                  "(this checkout's code, as processes)"]

@@ -128,7 +128,7 @@ class Demo:
         then one simulated agent per node."""
         scenario_file = self.children.workdir / "agents-scenario.yaml"
         scenario_file.write_text(yaml.safe_dump(resolved.agent_scenario, sort_keys=False))
-        ns_flags = [a for ns in self.namespaces() for a in ("-n", ns)]
+        ns_flags = [a for ns in self.real.namespaces(self.sc.namespaces) for a in ("-n", ns)]
         self.children.spawn("operator", [
             sys.executable, "-m", "vramguard_operator", "operator", *ns_flags,
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
@@ -151,15 +151,11 @@ class Demo:
                 "--min-report-interval", "1s", "--heartbeat", "10s", "--metrics-address", "",
             ], self.env())
         if self.real.active:
-            self.children.spawn("agent-real-node", self.real.agent_argv(self.cluster.kubeconfig), self.env())
+            self.children.spawn("realnode-agent", self.real.agent_argv(self.cluster.kubeconfig), self.env())
         self.t_agents = time.monotonic()
         self.wall_agents = datetime.now(UTC)
         self.say(f"the operator is evaluating; started {len(self.sc.node_names)} simulated agents "
                  f"({', '.join(self.sc.node_names)}): scenario time runs {self.speed:g}x the clock")
-
-    def namespaces(self) -> list[str]:
-        """The scenario's namespaces, and the real node's when it takes part."""
-        return [*self.sc.namespaces, *([realnode.NAMESPACE] if self.real.active else [])]
 
     def operator_evaluating(self) -> bool:
         try:
@@ -175,7 +171,7 @@ class Demo:
         return self.feed.fresh(self.cluster.events(list(self.sc.namespaces)))
 
     def table(self) -> str:
-        return view.table(self.cluster.api, self.namespaces())
+        return view.table(self.cluster.api, self.real.namespaces(self.sc.namespaces))
 
     def header(self) -> str:
         t = self.now_s()
@@ -241,8 +237,7 @@ class Demo:
                 print(f"  {k}: missing {missing}, unexpected {unexpected}")
         else:
             print(f"The run matches the scenario ({counts}).", flush=True)
-        print("\n" + "\n".join(self.real.summary(self.cluster.events([realnode.NAMESPACE]) if self.real.active
-                                                    else [])), flush=True)
+        print("\n" + "\n".join(self.real.summary(self.cluster.events)), flush=True)
         if self.args.summary_json:
             self.write_summary_json(t, results, mismatch, budget_events, {**oom_json, "draLimits": dra_limits})
         return 1 if bad else 0
@@ -367,9 +362,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--speed", type=float, default=None, help="scenario seconds per second (overrides the scenario)")
     p.add_argument("--summary-json", default=None, help="also write the summary to this file as JSON")
     p.add_argument("--plain", action="store_true", help="no screen redraws, even in a terminal")
-    p.add_argument("--real-node", choices=("auto", "on", "off"), default="auto",
-                   help="also run one workload on the local cluster's real node (docs/demo.md): auto (default) "
-                   "where it is up, on (an error where it is not), off")
+    p.add_argument("--real-node", choices=("auto", "on", "off"), default="auto", help="also run one workload on "
+                   "the local cluster's real node (docs/demo.md): auto where it is up, on (else an error), off")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 

@@ -52,7 +52,8 @@ def test_off_and_a_missing_node_say_so_and_the_summary_says_what_was_simulated()
     part = R.RealNodePart("auto", _kubectl, said.append)
     part.start()
     assert said[-1].startswith("real node: skipped: no node real-node-1") and not part.active
-    lines = part.summary([])
+    lines = part.summary(lambda namespaces: [])
+    assert part.namespaces(["a"]) == ["a"]
     assert lines[0] == "== What was real ==" and not any(line.startswith("real on") for line in lines)
     assert lines[-1].startswith("simulated: every GPU") and "real-node-1's" not in lines[-1]
 

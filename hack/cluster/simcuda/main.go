@@ -1,7 +1,7 @@
 // simcuda: a workload that uses the simulated GPU as a CUDA program uses a GPU
 // (docs/real-node.md, "The simulated GPU"). It runs in a pod on the real node,
-// opens a context on a device of the simulated driver (hack/cluster/../
-// agent/vramguard_agent/simdriver.py) through the driver's Unix socket, which
+// opens a context on a device of the simulated driver (vramguard-agent
+// simgpu-driver, agent/vramguard_agent/simdriver.py) through its Unix socket, which
 // the pod mounts from the host, and then asks for the device memory its
 // schedule wants: BYTES... are the bytes wanted at t = 0, EVERY, 2*EVERY, ...;
 // after the last one it holds that much until SIGTERM or SIGINT (exit 0).

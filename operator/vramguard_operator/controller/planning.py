@@ -1,33 +1,23 @@
-"""What one evaluation works on, built purely from a snapshot of the indexes:
-the namespaces in scope, each namespace's effective GPUMemoryPolicy, the
-groups of namespaces evaluated together (same effective policy) with their
-engine inputs, and the budgets whose spec does not parse. Also the budget
-status notes that the loop adds after acting (invalid specs, refused resizes).
+"""Pure pieces of planning an evaluation: each namespace's effective
+GPUMemoryPolicy (``namespace_policies``), and the budget status notes that the
+loop adds (invalid specs, refused resizes). Which budgets and pods to evaluate
+is ``incremental``'s.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
 from vramguard_api.policy import GPUMemoryPolicy
-from vramguard_operator.controller.indexes import BudgetEntry, Snapshot, Versioned, has_vramguard_state
+from vramguard_operator.controller.indexes import BudgetEntry
 from vramguard_operator.controller.ratelimit import EvictionLimiter
 from vramguard_operator.engine import budget_status as bs
-from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, PodFacts
-from vramguard_operator.policy import plan as policy_plan
-from vramguard_operator.policy.dra import DRAConfig
-from vramguard_operator.policy.merge import MergedPolicy, merge
-from vramguard_operator.policy.node import NodeFacts
-from vramguard_operator.policy.sharers import KAI_RESERVATION_NAMESPACE
-
-log = logging.getLogger("vramguard.reconcile")
-
+from vramguard_operator.engine.types import EffectivePolicy
+from vramguard_operator.policy.merge import merge
 
 # --- policies per namespace ----------------------------------------------------------
 
@@ -70,119 +60,6 @@ def namespace_policies(
             merged.policies or (EvictionLimiter.DEFAULT_SCOPE,),
         )
     return out
-
-
-# --- evaluation inputs ------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Group:
-    """Namespaces evaluated together (same effective policy), and their input."""
-
-    policy: EffectivePolicy
-    namespaces: list[str]
-    input: EngineInput
-    current_status: dict[tuple[str, str], dict[str, Any] | None]
-    view: policy_plan.PolicyView | None = None  # ceilings and implicit budgets applied
-
-
-@dataclass(slots=True)
-class Plan:
-    """One evaluation's work: engine groups, budgets whose spec does not parse
-    (their namespace is held: nothing is decided there until it is fixed), and
-    each namespace's policy."""
-
-    groups: list[Group]
-    invalid: list[Versioned[BudgetEntry]]
-    policies: dict[str, NamespacePolicy]
-
-
-def scope_of(snap: Snapshot) -> list[str]:
-    """Namespaces to evaluate: those with budgets, and those with pods that carry
-    vramguard annotations (a deleted budget's violations to close, a throttled
-    pod to restore)."""
-    scope = {ns for ns, entries in snap.budgets.items() if entries}
-    for ns, pods in snap.pods.items():
-        if ns not in scope and any(has_vramguard_state(p.value) for p in pods):
-            scope.add(ns)
-    scope |= {ns for ns, gpu_pods in snap.gpu_pods.items() if gpu_pods}  # implicit budgets
-    return sorted(scope)
-
-
-@dataclass(frozen=True, slots=True)
-class _Common:
-    """What every group of one evaluation shares."""
-
-    now: datetime
-    config: EngineConfig
-    merged: Mapping[str, MergedPolicy]
-    nodes: Mapping[str, NodeFacts]
-    previous: Mapping[str, GPUMemoryBudgetStatus] | None
-    allocations: policy_plan.Allocations
-
-
-def _group(snap: Snapshot, policy: EffectivePolicy, namespaces: list[str], common: _Common) -> Group:
-    """One group's engine input: its namespaces' budgets (with their current
-    status), pods and GPU pods, with ceilings and implicit budgets applied."""
-    budgets: list[GPUMemoryBudget] = []
-    current: dict[tuple[str, str], dict[str, Any] | None] = {}
-    pods: list[PodFacts] = []
-    for ns in namespaces:
-        for e in snap.budgets.get(ns, ()):
-            assert e.value.budget is not None
-            budgets.append(e.value.budget)
-            current[(ns, e.value.name)] = e.value.status_api()
-        pods.extend(p.value for p in snap.pods.get(ns, ()))
-    gpu_pods = [p for ns in namespaces for p in snap.gpu_pods.get(ns, ())]
-    view = policy_plan.prepare(
-        budgets, pods, gpu_pods, common.nodes, common.merged, common.previous, common.allocations
-    )
-    for problem in view.problems:
-        log.warning("%s", problem)
-    inp = EngineInput(
-        budgets=view.budgets,
-        pods=view.pods,
-        reports=snap.valid_reports(),
-        now=common.now,
-        policy=policy,
-        config=common.config,
-        device_limits=view.device_limits,
-    )
-    return Group(policy, namespaces, inp, current, view)
-
-
-def plan(
-    snap: Snapshot,
-    now: datetime,
-    config: EngineConfig,
-    memory: policy_plan.PolicyMemory | None = None,
-    dra: DRAConfig | None = None,
-) -> Plan:
-    """Build the engine inputs of one evaluation from a snapshot (``dra``: how
-    ResourceSlices name a GPU's UUID and memory; default NVIDIA's)."""
-    scope = scope_of(snap)
-    broken = snap.invalid_policies()
-    merged = policy_plan.merged_policies(
-        list(snap.valid_policies().values()), snap.namespaces, scope, broken
-    )
-    nodes = policy_plan.node_facts(snap.gpu_nodes, snap.valid_reports())
-    pols = namespace_policies(snap.valid_policies(), snap.namespaces, scope, broken)
-    invalid = [e for ns in scope for e in snap.budgets.get(ns, ()) if e.value.budget is None]
-    held = {e.value.namespace for e in invalid}
-    by_policy: dict[EffectivePolicy, list[str]] = {}
-    for ns in scope:
-        if ns not in held:
-            by_policy.setdefault(pols[ns].effective, []).append(ns)
-    previous = memory.implicit_status if memory is not None else None
-    allocations = policy_plan.Allocations(
-        claims=snap.claims,
-        slices=snap.slices,
-        kai_reservations=snap.gpu_pods.get(KAI_RESERVATION_NAMESPACE, []),
-        dra=dra or DRAConfig(),
-    )
-    common = _Common(now, config, merged, nodes, previous, allocations)
-    groups = [_group(snap, policy, namespaces, common) for policy, namespaces in by_policy.items()]
-    return Plan(groups, invalid, pols)
 
 
 def invalid_status(entry: BudgetEntry, now: datetime) -> GPUMemoryBudgetStatus:

@@ -37,7 +37,11 @@ _DURATIONS = (
      "wait before retrying an eviction a PodDisruptionBudget refused"),
     ("--request-timeout", "VRAMGUARD_REQUEST_TIMEOUT", "10s", "timeout of each API call the actions make"),
     ("--watch-timeout", "VRAMGUARD_WATCH_TIMEOUT", "5m",
-     "server-side timeout of kopf's watches (they are re-established)"),
+     "server-side timeout of the watches (they are re-established from the last version seen)"),
+    ("--status-refresh", "VRAMGUARD_STATUS_REFRESH", "30s",
+     "longest a budget status's usage figures wait to be written (conditions and violations: at once)"),
+    ("--lease-duration", "VRAMGUARD_LEASE_DURATION", "30s",
+     "with --shards: an unrenewed shard Lease is taken over after this (at least twice --request-timeout)"),
 )
 
 
@@ -54,6 +58,9 @@ class OperatorConfig:
     ``request_timeout``: timeout of each API call made by the actions.
     ``dra``: which ResourceSlice device attribute is a GPU's UUID and which
     capacity its memory (docs/allocations.md).
+    ``status_refresh``: longest a budget status's changed usage figures wait
+    to be written. ``unlabelled_pods``: also watch pods without the webhook's
+    ``vramguard.io/gpu-pod`` label (docs/operator.md, "Which pods are watched").
     """
 
     evaluation_period: float = 5.0
@@ -63,6 +70,8 @@ class OperatorConfig:
     default_rate_limit: EvictionRateLimit = field(default_factory=EvictionRateLimit)
     request_timeout: float = 10.0
     dra: DRAConfig = field(default_factory=DRAConfig)
+    status_refresh: float = 30.0
+    unlabelled_pods: bool = True
 
     def engine(self) -> EngineConfig:
         """The engine's settings."""
@@ -116,7 +125,10 @@ class OperatorSettings:
     namespaces watched (kopf glob patterns; empty: every namespace); kopf's
     ``liveness`` endpoint (``""``: none); the Prometheus server's port (0:
     none) and address; kopf's watch timeout (seconds); the admission
-    webhooks (None: not served); the log level flags."""
+    webhooks (None: not served); the namespace shards (``shards``, this
+    replica's ``shard_identity``, the Leases' ``lease_namespace`` and
+    ``lease_duration``; empty identity and namespace: ``POD_NAME`` and
+    ``POD_NAMESPACE``, else the host name and ``default``); the log level flags."""
 
     config: OperatorConfig = field(default_factory=OperatorConfig)
     namespaces: tuple[str, ...] = ()
@@ -125,6 +137,10 @@ class OperatorSettings:
     metrics_address: str = "0.0.0.0"
     watch_timeout: float = 300.0
     webhook: WebhookConfig | None = None
+    shards: int = 1
+    shard_identity: str = ""
+    lease_namespace: str = ""
+    lease_duration: float = 30.0
     verbose: bool = False
     debug: bool = False
     quiet: bool = False
@@ -146,7 +162,8 @@ def parameters() -> list[click.Parameter]:
     return [
         click.Option(["-A", "--all-namespaces"], is_flag=True, help="watch every namespace (default)"),
         click.Option(["-n", "--namespace"], multiple=True, metavar="PATTERN",
-                     help="watch these namespaces only (repeatable; kopf glob patterns such as 'ml-*')"),
+                     help="watch these namespaces only (repeatable; glob patterns such as 'ml-*')"),
+        env("--namespaces", "VRAMGUARD_NAMESPACES", "", hidden=True),
         click.Option(["--standalone"], is_flag=True, default=True,
                      help="accepted for compatibility and does nothing: the operator always runs without "
                      "kopf peering (standalone; one replica only)"),
@@ -170,6 +187,15 @@ def parameters() -> list[click.Parameter]:
         env("--dra-memory-capacity", "VRAMGUARD_DRA_MEMORY_CAPACITY", DEFAULT_MEMORY_CAPACITY,
             help="ResourceSlice device capacity that is a GPU's memory (env VRAMGUARD_DRA_MEMORY_CAPACITY; "
             f"default {DEFAULT_MEMORY_CAPACITY})"),
+        env("--unlabelled-pods", "VRAMGUARD_UNLABELLED_PODS", "watch", type=click.Choice(["watch", "ignore"]),
+            help="pods without the webhook's vramguard.io/gpu-pod label: watch (default) or ignore "
+            "(env VRAMGUARD_UNLABELLED_PODS)"),
+        env("--shards", "VRAMGUARD_SHARDS", "1", type=WholeNumber(1),
+            help="namespace shards, one Lease each; run this many replicas (env VRAMGUARD_SHARDS; default 1)"),
+        env("--shard-identity", "VRAMGUARD_SHARD_IDENTITY", "",
+            help="this replica's name in the shard Leases (env VRAMGUARD_SHARD_IDENTITY; default $POD_NAME)"),
+        env("--lease-namespace", "VRAMGUARD_LEASE_NAMESPACE", "",
+            help="namespace of the shard Leases (env VRAMGUARD_LEASE_NAMESPACE; default $POD_NAMESPACE)"),
         *_webhook_parameters(),
         click.Option(["-v", "--verbose"], is_flag=True, help="log at DEBUG level"),
         click.Option(["-d", "--debug"], is_flag=True, help="DEBUG, with asyncio's logs"),
@@ -207,6 +233,8 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
     Raises ``click.UsageError`` for flags that exclude each other (``-A`` and
     ``-n``; ``-v``, ``-d`` and ``-q``)."""
     _one_of(params, "all_namespaces", "namespace")
+    namespaces = tuple(params["namespace"]) or tuple(
+        p for p in params["namespaces"].replace(",", " ").split() if p)
     _one_of(params, "verbose", "debug", "quiet")
     config = OperatorConfig(
         evaluation_period=params["evaluation_period"],
@@ -218,6 +246,8 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
         ),
         request_timeout=params["request_timeout"],
         dra=DRAConfig(params["dra_uuid_attribute"], params["dra_memory_capacity"]),
+        status_refresh=params["status_refresh"],
+        unlabelled_pods=params["unlabelled_pods"] == "watch",
     )
     webhook = None
     if params["webhook_port"] is not None:
@@ -231,12 +261,16 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
         )
     return OperatorSettings(
         config=config,
-        namespaces=tuple(params["namespace"]),
+        namespaces=() if params["all_namespaces"] else namespaces,
         liveness=params["liveness"],
         metrics_port=params["metrics_port"],
         metrics_address=params["metrics_address"],
         watch_timeout=params["watch_timeout"],
         webhook=webhook,
+        shards=params["shards"],
+        shard_identity=params["shard_identity"],
+        lease_namespace=params["lease_namespace"],
+        lease_duration=params["lease_duration"],
         verbose=params["verbose"],
         debug=params["debug"],
         quiet=params["quiet"],

@@ -48,6 +48,7 @@ from vramguard_operator.policy.implicit import (
 )
 from vramguard_operator.policy.merge import MergedPolicy, merge
 from vramguard_operator.policy.node import NodeFacts
+from vramguard_operator.policy.rules import RuleCache
 from vramguard_operator.policy.sharers import kai_group_devices, sharer_grants
 
 
@@ -122,26 +123,30 @@ def prepare(
     merged: Mapping[str, MergedPolicy],
     previous: Mapping[str, GPUMemoryBudgetStatus] | None = None,
     allocations: Allocations | None = None,
+    rules: RuleCache | None = None,
 ) -> PolicyView:
     """Apply the merged policies (by namespace) and the pods' grants to one
     evaluation's budgets and pods. ``gpu_pods``: the GPU pods of the same
     namespaces as Pod dicts (at least metadata, ``spec.nodeName``,
     ``spec.resourceClaims``, containers' resources, ``status.phase`` and
     ``status.resourceClaimStatuses``). ``previous``: implicit budgets' last
-    statuses by budget uid."""
+    statuses by budget uid. ``rules``: the budgets under ceilings and implicit
+    budgets kept from earlier evaluations (the same results, built only when
+    their inputs change)."""
     out, sources, problems = [], {}, []
     for b in budgets:
         ns, name = b.metadata.namespace or "", b.metadata.name or ""
         policy = merged.get(ns, MergedPolicy(ns))
         try:
-            eff, limit_sources = effective_budget(b, policy)
+            eff, limit_sources = rules.effective(b, policy) if rules else effective_budget(b, policy)
         except ValueError as err:
             problems.append(f"GPUMemoryBudget {ns}/{name}: ceilings not applied: {err}")
             eff, limit_sources = b, {}
         out.append(eff)
         sources[(ns, name)] = (limit_sources, mode_source(b, policy))
     grants, claimed = pod_grants(gpu_pods, nodes, allocations or Allocations())
-    implicit = build_implicit(gpu_pods, budgets, nodes, merged, grants, claimed.devices)
+    make = rules.implicit if rules else None
+    implicit = build_implicit(gpu_pods, budgets, nodes, merged, grants, claimed.devices, make)
     live = {(p.get("metadata") or {}).get("uid") or "": p for p in gpu_pods if _scheduled(p)}
     claims = claim_budgets(claimed.shared, live, claimed.devices, merged)
     prev = previous or {}

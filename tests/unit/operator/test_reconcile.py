@@ -1,5 +1,5 @@
-"""The reconcile loop's pure parts: policies per namespace, evaluation scope and
-groups, status notes, invalid budgets, settings."""
+"""The reconcile loop's pure parts: policies per namespace, status notes,
+invalid budgets, settings (what is evaluated together: test_incremental.py)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,10 @@ import pytest
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
-from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry
-from vramguard_operator.controller.planning import (
-    invalid_status,
-    namespace_policies,
-    note_resize_errors,
-    plan,
-    scope_of,
-)
+from vramguard_operator.controller.indexes import budget_entry
+from vramguard_operator.controller.planning import invalid_status, namespace_policies, note_resize_errors
 from vramguard_operator.controller.settings import OperatorConfig
-from vramguard_operator.engine.types import EngineConfig
 
-from ..engine.builders import budget, pod, report, vram
 from ..policy.builders import stale_policy
 from .test_indexes import budget_body
 
@@ -78,71 +70,6 @@ def test_a_policy_that_cannot_be_evaluated_holds_every_namespace_in_dry_run_and_
     assert pols["ml"].effective.exempt_namespaces == frozenset({"ml"})
     # fixed: enforcement resumes
     assert namespace_policies({"all": policy("all")}, {}, ["ml"])["ml"].effective.mode == "Enforce"
-
-
-def test_plan_holds_every_group_in_dry_run_while_a_policy_does_not_parse():
-    from vramguard_operator.controller.indexes import policy_entry
-
-    snap = Snapshot()
-    snap.budgets["a"] = [entry(budget(ns="a", per_pod={"vram": "10Gi"}))]
-    snap.pods["a"] = [pod_entry_of(pod("w0", ns="a"))]
-    bad = policy_entry({"metadata": {"name": "typo", "uid": "u"},
-                        "spec": {"evictionRateLimit": {"perMinute": -1}}})
-    assert isinstance(bad.value, str)
-    snap.policies["typo"] = bad
-    assert snap.invalid_policies() == {"typo": bad.value}
-    work = plan(snap, NOW, EngineConfig())
-    (group,) = work.groups
-    assert group.policy.mode == "DryRun" and group.policy.exempt_namespaces == frozenset({"a"})
-    snap.policies.clear()
-    (group,) = plan(snap, NOW, EngineConfig()).groups
-    assert group.policy.mode == "Enforce"
-
-
-def entry(b):
-    return Versioned(b.metadata.uid or "", "1", budget_entry(b.to_api()).value)
-
-
-def pod_entry_of(p):
-    return Versioned(p.uid, "1", p)
-
-
-def test_scope_is_namespaces_with_budgets_or_vramguard_state():
-    from dataclasses import replace
-
-    snap = Snapshot()
-    snap.budgets["ml"] = [entry(budget(per_pod={"vram": "10Gi"}))]
-    snap.pods["ml"] = [pod_entry_of(pod("w0"))]
-    snap.pods["web"] = [pod_entry_of(pod("x", ns="web"))]
-    snap.pods["old"] = [pod_entry_of(replace(pod("y", ns="old"), annotations={"vramguard.io/original-cpu": "{}"}))]
-    assert scope_of(snap) == ["ml", "old"]
-
-
-def test_plan_groups_namespaces_by_effective_policy_and_holds_invalid_budgets():
-    snap = Snapshot()
-    snap.budgets["a"] = [entry(budget(ns="a", per_pod={"vram": "10Gi"}))]
-    snap.budgets["b"] = [entry(budget(ns="b", per_pod={"vram": "10Gi"}))]
-    snap.budgets["c"] = [entry(budget(ns="c", per_pod={"vram": "10Gi"}))]
-    body = budget_body(limits={"perPod": {"vram": "20Gi"}, "total": {"vram": "10Gi"}})
-    body["metadata"]["namespace"] = "d"
-    bad = budget_entry(body)
-    snap.budgets["d"] = [bad]
-    for ns in "abcd":
-        snap.pods[ns] = [pod_entry_of(pod("w0", ns=ns))]
-    rep = report("node-a", NOW, {"w0": vram(12)}, ns="a")
-    snap.reports["node-a"] = Versioned("r", "1", rep)
-    snap.policies["audit"] = Versioned("p", "1", policy(
-        "audit", mode="DryRun", namespaceSelector={"matchLabels": {"audit": "on"}}))
-    snap.namespaces.update({"b": {"audit": "on"}})
-    work = plan(snap, NOW, EngineConfig())
-    groups = {g.policy.mode: g for g in work.groups}
-    assert sorted(groups["Enforce"].namespaces) == ["a", "c"]
-    assert groups["DryRun"].namespaces == ["b"]
-    assert [p.namespace for p in groups["DryRun"].input.pods] == ["b"]
-    assert groups["Enforce"].input.reports["node-a"] is rep
-    assert [e.value.name for e in work.invalid] == ["train"]
-    assert all("d" not in g.namespaces for g in work.groups)
-    assert work.policies["b"].scopes == ("audit",)
 
 
 def test_resize_errors_are_noted_on_throttled_violations_once():

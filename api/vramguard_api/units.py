@@ -21,6 +21,7 @@ Bounds on API fields (VRAM limits, delays) live in :mod:`vramguard_api.bounds`.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import ROUND_CEILING, ROUND_UP, Decimal, localcontext
@@ -37,6 +38,7 @@ QUANTITY_GRAMMAR = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([KMGTPE
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+)(?:\.([0-9]+))?(ns|us|µs|ms|s|m|h)")
 _UNIT_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+_DURATION = re.compile(DURATION_PATTERN)
 
 MAX_TEXT = 64
 """Longest quantity or duration text accepted (the API fields' maxLength)."""
@@ -122,6 +124,7 @@ def _round_nano(parsed: Decimal) -> Decimal:
         return parsed.quantize(_NANO, rounding=ROUND_UP)
 
 
+@functools.lru_cache(maxsize=4096)  # budgets are parsed at every evaluation: their limits are few strings
 def quantity_to_bytes(value: str | int, field: str = "quantity", *, maximum: int = MAX_BYTES) -> int:
     """Return a non-negative quantity (``"40Gi"``, ``"512Mi"``, ``1000``) as whole bytes.
 
@@ -148,6 +151,7 @@ def quantity_to_bytes(value: str | int, field: str = "quantity", *, maximum: int
     return int(parsed.to_integral_value(rounding=ROUND_CEILING))
 
 
+@functools.lru_cache(maxsize=4096)  # ladders are read at every evaluation: their delays are few strings
 def duration_ns(value: str, field: str = "duration", *, maximum_ns: int = GO_DURATION_MAX_NS) -> int:
     """Return a Go-style duration string (``"30s"``, ``"1h30m"``) in whole nanoseconds.
 
@@ -157,7 +161,7 @@ def duration_ns(value: str, field: str = "duration", *, maximum_ns: int = GO_DUR
     grammar (non-negative, units required) or longer than ``MAX_TEXT``, and
     ``OutOfRange`` when it is above ``maximum_ns`` (default: Go's largest duration).
     """
-    if not isinstance(value, str) or len(value) > MAX_TEXT or not re.fullmatch(DURATION_PATTERN, value):
+    if not isinstance(value, str) or len(value) > MAX_TEXT or not _DURATION.fullmatch(value):
         raise ValueError(f"{field}: invalid duration {show(value)} (want Go syntax such as 30s, 10m, 1h30m)")
     total = 0
     for whole, fraction, unit in _DURATION_PART.findall(value):

@@ -49,11 +49,12 @@ class Dirt:
 
     budgets: set[BudgetKey] = field(default_factory=set)
     pods: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)  # pods deleted
     nodes: set[str] = field(default_factory=set)  # report (or node) changed: staleness timers
     policies: bool = False  # policies or namespace labels changed
 
     def __bool__(self) -> bool:
-        return bool(self.budgets or self.pods or self.nodes or self.policies)
+        return bool(self.budgets or self.pods or self.gone or self.nodes or self.policies)
 
 
 class ClusterCache:
@@ -132,6 +133,7 @@ class ClusterCache:
                 return
             del self._pod_kinds[uid]
             self.dirt.budgets |= self.selected_by.get(uid, set()) | {(cur.namespace, b) for b in cur.recorded}
+            self.dirt.gone.add(uid)
             self._unindex_pod(cur)
             return
         kinds.add(kind)

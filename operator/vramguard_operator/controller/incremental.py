@@ -33,13 +33,16 @@ from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_operator.controller.cache import BudgetKey, ClusterCache
 from vramguard_operator.controller.indexes import BudgetEntry, Versioned
 from vramguard_operator.controller.planning import NamespacePolicy, namespace_policies
+from vramguard_operator.controller.quiet import QuietTotals
 from vramguard_operator.controller.timers import TimerQueue, next_step_due, staleness_change
+from vramguard_operator.engine.quiet import quiet_pod
 from vramguard_operator.engine.types import (
     EngineConfig,
     EngineInput,
     EngineOutput,
     Evict,
     PodFacts,
+    QuietPods,
     Recover,
     Throttle,
 )
@@ -102,6 +105,10 @@ class Incremental:
         self.rules = RuleCache()
         self.memory = policy_plan.PolicyMemory()
         self.timers = TimerQueue()
+        self.quiet = QuietTotals()
+        self._basis: dict[BudgetKey, tuple[Any, ...]] = {}
+        self._requiet: set[tuple[BudgetKey, str]] = set()
+        self._eff: dict[BudgetKey, GPUMemoryBudget | None] = {}
         self.level: set[Unit] = set()
         self.again: set[Unit] = set()  # evaluated at the next pass
         self._level_at: datetime | None = None
@@ -129,6 +136,8 @@ class Incremental:
         dirt = self.cache.take_dirt()
         self._budgets |= dirt.budgets
         self._pods |= dirt.pods
+        for uid in dirt.gone:
+            self.quiet.drop_pod(uid)
         if dirt.policies:
             self._refresh_policies()
         for node in dirt.nodes:
@@ -207,6 +216,7 @@ class Incremental:
         self._take(now)
         budgets, pods = self._budgets, self._pods
         self._budgets, self._pods = set(), set()
+        self._refresh_quiet(budgets, pods, now)
         seeds: dict[str, tuple[set[str], set[str]]] = {}
         for ns, name in budgets:
             seeds.setdefault(ns, (set(), set()))[0].add(name)
@@ -240,7 +250,7 @@ class Incremental:
                 if key in keys:
                     continue
                 keys.add(key)
-                todo_p.extend(c.selects.get(key, ()))
+                todo_p.extend(u for u in c.selects.get(key, ()) if not self.quiet.quiet(key, u))
                 todo_p.extend(c.recorded.get(key, ()))
                 todo_p.extend(u for name in _named_pods(c.status_of(key)) if (u := c.pod_names.get((ns, name))))
             while todo_p:
@@ -271,8 +281,10 @@ class Incremental:
                                    allocations, self.rules)
         reports = {n: r for n in node_names if (r := c.report(n)) is not None}
         policy = self.policy_of(namespaces[0])
+        quiet = {c.budgets[k].uid: q for k in keys if (q := self.quiet.summary(k, uids & c.selects.get(k, set())))
+                 != QuietPods()}
         inp = EngineInput(view.budgets, view.pods, reports, now, policy.effective, self.config,
-                          device_limits=view.device_limits)
+                          device_limits=view.device_limits, quiet=quiet)
         return Group(policy, namespaces, inp, view, keys, uids)
 
     def _with_status(self, key: BudgetKey) -> GPUMemoryBudget:
@@ -292,6 +304,53 @@ class Incremental:
         nf = NodeFacts.from_api(body, self.cache.report(node))
         self._nodes[node] = (body, rep, nf)
         return nf
+
+    # -- running totals
+
+    def _refresh_quiet(self, budgets: set[BudgetKey], pods: set[str], now: datetime) -> None:
+        """Answer again (``engine.quiet.quiet_pod``) what the marks may have changed."""
+        c = self.cache
+        self._eff.clear()
+        for key in budgets:
+            if key not in c.budgets:
+                self.quiet.drop_budget(key)
+                self._basis.pop(key, None)
+                continue
+            v = c.budgets[key]
+            basis = (v.uid, v.value.generation, self.merged_of(key[0]))
+            if basis != self._basis.get(key):  # spec or policy: every pod again
+                self._basis[key] = basis
+                self.quiet.drop_budget(key)
+                for uid in c.selects.get(key, ()):
+                    self._answer(key, uid, now)
+        for uid in pods:
+            keys = c.selected_by.get(uid, set())
+            self.quiet.drop_pod(uid, keep=keys)
+            if uid in c.pods:
+                for key in keys:
+                    self._answer(key, uid, now)
+        for key, uid in self._requiet:
+            if uid in c.selects.get(key, ()):
+                self._answer(key, uid, now)
+        self._requiet.clear()
+
+    def _answer(self, key: BudgetKey, uid: str, now: datetime) -> None:
+        if key not in self._eff:
+            self._eff[key] = self._effective(key)
+        eff, pod = self._eff[key], self.cache.pods[uid].facts
+        answer = None if eff is None else quiet_pod(eff, pod, self.cache.report(pod.node_name or ""), now, self.config)
+        self.quiet.set(key, uid, answer)
+
+    def _effective(self, key: BudgetKey) -> GPUMemoryBudget | None:
+        """The budget as the engine evaluates it (ceilings, its status); None
+        when it does not parse (its pods are then all active)."""
+        if self.cache.budgets[key].value.budget is None:
+            return None
+        budget = self._with_status(key)
+        try:
+            return self.rules.effective(budget, self.merged_of(key[0]))[0]
+        except ValueError:
+            return budget
 
     # -- after an evaluation
 
@@ -315,6 +374,10 @@ class Incremental:
                 self.timers.arm(unit, next_step_due(budget, upd.status, now))
                 if _projects_eviction(budget, upd.status):
                     self.level.add(unit)
+            key = (ref.namespace, ref.name)
+            if key in self.cache.budgets and not is_implicit(ref.uid):  # pods named or no longer: answer again
+                changed = _named_pods(self.cache.status_of(key)) ^ _named_pods(upd.status)
+                self._requiet |= {(key, u) for n in changed if (u := self.cache.pod_names.get((ref.namespace, n)))}
         for d in out.decisions:
             level = isinstance(d, Evict) or (isinstance(d, Throttle) and d.reapply)
             level = level or (isinstance(d, Recover) and bool(d.restore))

@@ -23,7 +23,7 @@ from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.kubeapi import plain
-from vramguard_operator.engine.escalation import records_from_annotation
+from vramguard_operator.engine.records import records_from_annotation
 from vramguard_operator.engine.types import ANNOTATION_PREFIX, ANNOTATION_VIOLATIONS, PodFacts
 from vramguard_operator.policy.implicit import ANNOTATION_LIMITS
 from vramguard_operator.policy.sharers import grant_annotations, may_use_gpu

@@ -50,6 +50,7 @@ from vramguard_operator.controller.settings import WebhookConfig
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.mutation import admission_limit, gpu_pod_label_ops, mutate_pod
 from vramguard_operator.policy.request import PodGPURequest
+from vramguard_operator.policy.sharers import may_use_gpu
 from vramguard_operator.policy.shares import candidate_nodes
 from vramguard_operator.policy.validation import check_budget, format_errors, throttled_jobs, validate_pod
 
@@ -137,14 +138,14 @@ async def mutate_pod_webhook(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo
     """Label a GPU pod for the operator's pod watch, and inject framework
     memory caps into it where a policy opts in."""
     pod = plain(body)
-    req = PodGPURequest.from_api(pod)
-    if not req.is_gpu_pod:
+    if not may_use_gpu(pod):  # GPU resources, a sharer's annotations or a ResourceClaim
         return
+    req = PodGPURequest.from_api(pod)
     ops = gpu_pod_label_ops(pod)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
     merged = merge(policies_of(_store(memo, "policies")), ns, labels_of(_store(memo, "namespaces"), ns))
     record = None
-    if not merged.exempt and merged.inject_framework_caps is not None:
+    if not merged.exempt and merged.inject_framework_caps is not None and req.is_gpu_pod:
         nodes = candidate_nodes(pod, nodes_of(_store(memo, "nodes"), _store(memo, "reports")))
         limit, facts = admission_limit(req, nodes, merged)
         caps, record = mutate_pod(pod, limit, facts, req.gpu_containers)

@@ -16,7 +16,7 @@ from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWa
 from vramguard_operator.engine import ladder as lad
 from vramguard_operator.engine import steps
 from vramguard_operator.engine import warnings as warn
-from vramguard_operator.engine.inputs import PodFacts
+from vramguard_operator.engine.inputs import PodFacts, QuietPods
 from vramguard_operator.engine.keys import BudgetRef
 from vramguard_operator.engine.measure import BudgetLimits, Node, budget_measures
 from vramguard_operator.engine.records import ViolationRecord, merge_records, records_from_status, throttled
@@ -35,14 +35,16 @@ def evaluate_budget(
     enforce: bool,
     state: PassState,
     device_limits: Mapping[str, int] | None = None,
+    quiet: QuietPods | None = None,
 ) -> BudgetResult:
     """Evaluate ``budget`` against the pods of its namespace (``ns_pods``, sorted
     by name) and the nodes' reports. ``acting``: steps fire for real (the
     budget enforces and its namespace is not exempt); ``enforce``: the
     effective mode is Enforce. ``device_limits``: bytes by device UUID that
-    replace ``perDevice`` on those devices (``EngineInput.device_limits``). An
-    invalid spec decides nothing: its result holds only the status
-    (Ready=False naming the field)."""
+    replace ``perDevice`` on those devices (``EngineInput.device_limits``).
+    ``quiet``: what the selected pods left out of ``ns_pods`` add to the status
+    (``EngineInput.quiet``). An invalid spec decides nothing: its result holds
+    only the status (Ready=False naming the field)."""
     meta = budget.metadata
     ref = BudgetRef(meta.namespace or "", meta.name or "", meta.uid or "")
     spec = budget.spec
@@ -68,7 +70,9 @@ def evaluate_budget(
     kept, new = warn.settle(candidates, state.config.max_status_entries, w.now)
     for m in new:
         steps.warn(w, m, limits.threshold)
-    return w.result(_status(w, budget, len(matched), enforce, kept, len(candidates)), len(matched))
+    q = quiet or QuietPods()
+    status = _status(w, budget, (len(matched), q), enforce, kept, len(candidates))
+    return w.result(status, len(matched) + q.matched)
 
 
 def _load_records(w: BudgetWork, budget: GPUMemoryBudget, ns_pods: list[PodFacts]) -> None:
@@ -159,9 +163,15 @@ def _unmeasured(w: BudgetWork, ns_pods: list[PodFacts], selected: set[str]) -> N
 
 
 def _status(
-    w: BudgetWork, budget: GPUMemoryBudget, matched: int, enforce: bool, kept: list[LimitWarning], count: int
+    w: BudgetWork,
+    budget: GPUMemoryBudget,
+    matched: tuple[int, QuietPods],
+    enforce: bool,
+    kept: list[LimitWarning],
+    count: int,
 ) -> GPUMemoryBudgetStatus:
-    """The budget's status; ``kept``: the warnings kept, of ``count`` in all."""
+    """The budget's status; ``matched``: the pods given it selects and the sum
+    of those left out; ``kept``: the warnings kept, of ``count`` in all."""
 
     def entry(rec: ViolationRecord) -> Violation:
         m = w.measured.get(rec.key)
@@ -169,5 +179,7 @@ def _status(
         impossible = steps.throttle_impossible(w, rec, m) if known and m is not None else None
         return violation_entry(rec, m, lambda r, mm: steps.next_of(w, r, mm), impossible)
 
-    facts = StatusFacts(matched, w.data, enforce, list(w.next_records.values()), w.measured, kept, count)
+    given, quiet = matched
+    facts = StatusFacts(given + quiet.matched, w.data, enforce, list(w.next_records.values()), w.measured, kept,
+                        count, quiet)
     return budget_status(budget, facts, w.now, w.config.max_status_entries, entry)

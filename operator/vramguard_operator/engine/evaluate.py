@@ -74,7 +74,8 @@ def evaluate(inp: EngineInput) -> EngineOutput:
         exempt = ns in inp.policy.exempt_namespaces
         named = inp.device_limits.get(budget.metadata.uid or "", {})
         ns_pods = pods_by_ns.get(ns, [])
-        run.merge(evaluate_budget(budget, ns_pods, nodes, acting and not exempt, acting, run.state(), named))
+        quiet = inp.quiet.get(budget.metadata.uid or "")
+        run.merge(evaluate_budget(budget, ns_pods, nodes, acting and not exempt, acting, run.state(), named, quiet))
     run.restore()
     return EngineOutput(
         decisions=tuple(run.decisions),

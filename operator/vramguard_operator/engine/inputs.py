@@ -144,6 +144,26 @@ def _container_facts(container: Mapping[str, Any]) -> ContainerFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class QuietPods:
+    """Pods a budget selects that the caller leaves out of ``EngineInput.pods``
+    because none can change the budget's decisions (``engine.quiet.quiet_pod``
+    says which, and what each adds): the engine adds them to the budget's status.
+
+    ``matched``: selected pods not finished; ``vram_bytes``/``ram_bytes``: the
+    sum of their usage where it is known, ``vram_known``/``ram_known``: of how
+    many; ``stale_nodes``/``missing_nodes``: their nodes whose report is stale
+    or missing (for the DataStale condition)."""
+
+    matched: int = 0
+    vram_bytes: int = 0
+    vram_known: int = 0
+    ram_bytes: int = 0
+    ram_known: int = 0
+    stale_nodes: frozenset[str] = frozenset()
+    missing_nodes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInput:
     """One evaluation's snapshot.
 
@@ -157,7 +177,9 @@ class EngineInput:
     budget uid, bytes per device UUID that replace the budget's ``perDevice``
     limit on those devices (what a DRA claim or a sharer granted on a named
     device: ``policy.implicit``); a budget without ``perDevice`` is limited on
-    those devices only.
+    those devices only. ``quiet``: by budget uid, what the selected pods left
+    out of ``pods`` add to the budget's status (``QuietPods``: the running
+    totals of incremental evaluation).
     """
 
     budgets: tuple[GPUMemoryBudget, ...]
@@ -167,3 +189,4 @@ class EngineInput:
     policy: EffectivePolicy = EffectivePolicy()
     config: EngineConfig = EngineConfig()
     device_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    quiet: Mapping[str, QuietPods] = field(default_factory=dict)

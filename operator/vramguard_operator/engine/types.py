@@ -65,6 +65,7 @@ from vramguard_operator.engine.inputs import (
     EngineConfig,
     EngineInput,
     PodFacts,
+    QuietPods,
 )
 from vramguard_operator.engine.keys import (
     ANNOTATION_MESSAGE,
@@ -138,6 +139,7 @@ __all__ = [
     "Evict",
     "PodFacts",
     "PodPatch",
+    "QuietPods",
     "PodRef",
     "Recover",
     "Throttle",

@@ -99,16 +99,19 @@ def mode_source(budget: GPUMemoryBudget, merged: MergedPolicy) -> str:
 
 
 def pod_grants(
-    gpu_pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, NodeFacts], allocations: Allocations
+    gpu_pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, NodeFacts], allocations: Allocations,
+    rules: RuleCache | None = None,
 ) -> tuple[dict[str, Grants], ClaimGrants]:
-    """Every pod's grants (sharers' and DRA claims'), by pod uid, and the claims' view."""
+    """Every pod's grants (sharers' and DRA claims'), by pod uid, and the claims'
+    view (``rules``: sharers' grants kept from earlier evaluations)."""
     claimed = claim_grants(gpu_pods, allocations.claims, allocations.slices, allocations.dra)
     groups = kai_group_devices(allocations.kai_reservations)
+    sharers = rules.grants if rules else sharer_grants
     out = {}
     for pod in gpu_pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         uid = meta.get("uid") or ""
-        found = sharer_grants(pod, nodes.get(spec.get("nodeName") or ""), groups)
+        found = sharers(pod, nodes.get(spec.get("nodeName") or ""), groups)
         found = found.plus(claimed.grants.get(uid, Grants()))
         if found or found.problems:
             out[uid] = found
@@ -144,7 +147,7 @@ def prepare(
             eff, limit_sources = b, {}
         out.append(eff)
         sources[(ns, name)] = (limit_sources, mode_source(b, policy))
-    grants, claimed = pod_grants(gpu_pods, nodes, allocations or Allocations())
+    grants, claimed = pod_grants(gpu_pods, nodes, allocations or Allocations(), rules)
     make = rules.implicit if rules else None
     implicit = build_implicit(gpu_pods, budgets, nodes, merged, grants, claimed.devices, make)
     live = {(p.get("metadata") or {}).get("uid") or "": p for p in gpu_pods if _scheduled(p)}

@@ -15,6 +15,10 @@ evaluation to the next: a rule is rebuilt only when what it is made of changes.
   mode, total and usable memory; not the memory in use, which moves with every
   report).
 
+- a pod's grants from GPU sharers (``sharers.sharer_grants``, which parses
+  its resources): by pod uid, rebuilt when the trimmed pod, what shares read
+  of the node, or KAI's GPU groups change.
+
 The results are the objects the uncached functions return, so the engine
 decides identically (tests/unit/policy/test_rules.py compares them).
 """
@@ -31,6 +35,7 @@ from vramguard_operator.policy.grants import Grants
 from vramguard_operator.policy.implicit import ImplicitBudget, implicit_budget
 from vramguard_operator.policy.merge import MergedPolicy
 from vramguard_operator.policy.node import NodeFacts
+from vramguard_operator.policy.sharers import sharer_grants
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +44,14 @@ class _Effective:
     merged: MergedPolicy
     budget: GPUMemoryBudget
     sources: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Granted:
+    pod: Mapping[str, Any]
+    node: tuple[Any, ...] | None
+    groups: Mapping[str, str]
+    result: Grants
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,8 @@ class RuleCache:
     def __init__(self) -> None:
         self._effective: dict[str, _Effective] = {}
         self._implicit: dict[str, _Implicit] = {}
+        self._granted: dict[str, _Granted] = {}
+        self._node_keys: dict[int, tuple[NodeFacts, tuple[Any, ...] | None]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -102,7 +117,7 @@ class RuleCache:
     ) -> ImplicitBudget | None:
         """``implicit.implicit_budget(pod, node, merged, grants, selected, claims_gpu)``."""
         uid = str((pod.get("metadata") or {}).get("uid") or "")
-        key, flags = node_key(node), (selected, claims_gpu)
+        key, flags = self._node_key(node), (selected, claims_gpu)
         kept = self._implicit.get(uid) if uid else None
         if (kept is not None and (kept.pod is pod or kept.pod == pod) and kept.node == key and kept.merged == merged
                 and kept.grants == grants and kept.flags == flags):
@@ -114,6 +129,35 @@ class RuleCache:
             self._implicit[uid] = _Implicit(pod, key, merged, grants, flags, result)
         return result
 
+    def grants(self, pod: Mapping[str, Any], node: NodeFacts | None, groups: Mapping[str, str]) -> Grants:
+        """``sharers.sharer_grants(pod, node, groups)``: what the pod's sharer
+        annotations and resources grant (rebuilt when the pod, what shares read
+        of its node, or KAI's GPU groups change)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        key = self._node_key(node)
+        kept = self._granted.get(uid) if uid else None
+        if kept is not None and (kept.pod is pod or kept.pod == pod) and kept.node == key and kept.groups == groups:
+            self.hits += 1
+            return kept.result
+        self.misses += 1
+        result = sharer_grants(pod, node, groups)
+        if uid:
+            self._granted[uid] = _Granted(pod, key, dict(groups), result)
+        return result
+
+    def _node_key(self, node: NodeFacts | None) -> tuple[Any, ...] | None:
+        """``node_key``, computed once per NodeFacts object (the caller keeps one per node)."""
+        if node is None:
+            return None
+        kept = self._node_keys.get(id(node))
+        if kept is not None and kept[0] is node:
+            return kept[1]
+        if len(self._node_keys) > 100_000:
+            self._node_keys.clear()
+        key = node_key(node)
+        self._node_keys[id(node)] = (node, key)
+        return key
+
     def forget(self, budget_uids: Iterable[str], pod_uids: Iterable[str]) -> None:
         """Drop the rules of budgets and pods that are not in these (gone)."""
         live_b, live_p = set(budget_uids), set(pod_uids)
@@ -121,3 +165,6 @@ class RuleCache:
             del self._effective[uid]
         for uid in [u for u in self._implicit if u not in live_p]:
             del self._implicit[uid]
+        for uid in [u for u in self._granted if u not in live_p]:
+            del self._granted[uid]
+        self._node_keys.clear()

@@ -33,9 +33,8 @@ from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_operator.controller.cache import BudgetKey, ClusterCache
 from vramguard_operator.controller.indexes import BudgetEntry, Versioned
 from vramguard_operator.controller.planning import NamespacePolicy, namespace_policies
-from vramguard_operator.controller.quiet import QuietTotals
+from vramguard_operator.controller.quiet import QuietAnswers
 from vramguard_operator.controller.timers import TimerQueue, next_step_due, staleness_change
-from vramguard_operator.engine.quiet import quiet_pod
 from vramguard_operator.engine.types import (
     EngineConfig,
     EngineInput,
@@ -105,10 +104,7 @@ class Incremental:
         self.rules = RuleCache()
         self.memory = policy_plan.PolicyMemory()
         self.timers = TimerQueue()
-        self.quiet = QuietTotals()
-        self._basis: dict[BudgetKey, tuple[Any, ...]] = {}
-        self._requiet: set[tuple[BudgetKey, str]] = set()
-        self._eff: dict[BudgetKey, GPUMemoryBudget | None] = {}
+        self.quiet = QuietAnswers(cache, config, self._effective, self.merged_of)
         self.level: set[Unit] = set()
         self.again: set[Unit] = set()  # evaluated at the next pass
         self._level_at: datetime | None = None
@@ -137,7 +133,7 @@ class Incremental:
         self._budgets |= dirt.budgets
         self._pods |= dirt.pods
         for uid in dirt.gone:
-            self.quiet.drop_pod(uid)
+            self.quiet.totals.drop_pod(uid)
         if dirt.policies:
             self._refresh_policies()
         for node in dirt.nodes:
@@ -216,7 +212,7 @@ class Incremental:
         self._take(now)
         budgets, pods = self._budgets, self._pods
         self._budgets, self._pods = set(), set()
-        self._refresh_quiet(budgets, pods, now)
+        self.quiet.refresh(budgets, pods, now)
         seeds: dict[str, tuple[set[str], set[str]]] = {}
         for ns, name in budgets:
             seeds.setdefault(ns, (set(), set()))[0].add(name)
@@ -250,7 +246,7 @@ class Incremental:
                 if key in keys:
                     continue
                 keys.add(key)
-                todo_p.extend(u for u in c.selects.get(key, ()) if not self.quiet.quiet(key, u))
+                todo_p.extend(u for u in c.selects.get(key, ()) if not self.quiet.totals.quiet(key, u))
                 todo_p.extend(c.recorded.get(key, ()))
                 todo_p.extend(u for name in _named_pods(c.status_of(key)) if (u := c.pod_names.get((ns, name))))
             while todo_p:
@@ -281,8 +277,8 @@ class Incremental:
                                    allocations, self.rules)
         reports = {n: r for n in node_names if (r := c.report(n)) is not None}
         policy = self.policy_of(namespaces[0])
-        quiet = {c.budgets[k].uid: q for k in keys if (q := self.quiet.summary(k, uids & c.selects.get(k, set())))
-                 != QuietPods()}
+        quiet = {c.budgets[k].uid: q for k in keys
+                 if (q := self.quiet.totals.summary(k, uids & c.selects.get(k, set()))) != QuietPods()}
         inp = EngineInput(view.budgets, view.pods, reports, now, policy.effective, self.config,
                           device_limits=view.device_limits, quiet=quiet)
         return Group(policy, namespaces, inp, view, keys, uids)
@@ -304,42 +300,6 @@ class Incremental:
         nf = NodeFacts.from_api(body, self.cache.report(node))
         self._nodes[node] = (body, rep, nf)
         return nf
-
-    # -- running totals
-
-    def _refresh_quiet(self, budgets: set[BudgetKey], pods: set[str], now: datetime) -> None:
-        """Answer again (``engine.quiet.quiet_pod``) what the marks may have changed."""
-        c = self.cache
-        self._eff.clear()
-        for key in budgets:
-            if key not in c.budgets:
-                self.quiet.drop_budget(key)
-                self._basis.pop(key, None)
-                continue
-            v = c.budgets[key]
-            basis = (v.uid, v.value.generation, self.merged_of(key[0]))
-            if basis != self._basis.get(key):  # spec or policy: every pod again
-                self._basis[key] = basis
-                self.quiet.drop_budget(key)
-                for uid in c.selects.get(key, ()):
-                    self._answer(key, uid, now)
-        for uid in pods:
-            keys = c.selected_by.get(uid, set())
-            self.quiet.drop_pod(uid, keep=keys)
-            if uid in c.pods:
-                for key in keys:
-                    self._answer(key, uid, now)
-        for key, uid in self._requiet:
-            if uid in c.selects.get(key, ()):
-                self._answer(key, uid, now)
-        self._requiet.clear()
-
-    def _answer(self, key: BudgetKey, uid: str, now: datetime) -> None:
-        if key not in self._eff:
-            self._eff[key] = self._effective(key)
-        eff, pod = self._eff[key], self.cache.pods[uid].facts
-        answer = None if eff is None else quiet_pod(eff, pod, self.cache.report(pod.node_name or ""), now, self.config)
-        self.quiet.set(key, uid, answer)
 
     def _effective(self, key: BudgetKey) -> GPUMemoryBudget | None:
         """The budget as the engine evaluates it (ceilings, its status); None
@@ -377,7 +337,7 @@ class Incremental:
             key = (ref.namespace, ref.name)
             if key in self.cache.budgets and not is_implicit(ref.uid):  # pods named or no longer: answer again
                 changed = _named_pods(self.cache.status_of(key)) ^ _named_pods(upd.status)
-                self._requiet |= {(key, u) for n in changed if (u := self.cache.pod_names.get((ref.namespace, n)))}
+                self.quiet.again(key, {u for n in changed if (u := self.cache.pod_names.get((ref.namespace, n)))})
         for d in out.decisions:
             level = isinstance(d, Evict) or (isinstance(d, Throttle) and d.reapply)
             level = level or (isinstance(d, Recover) and bool(d.restore))

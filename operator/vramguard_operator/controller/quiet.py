@@ -2,7 +2,7 @@
 of an evaluation, and what they add to its status (docs/operator.md,
 "Incremental evaluation").
 
-Most pods of a large budget are far below their limits. ``engine.evaluate.
+Most pods of a large budget are far below their limits. ``engine.quiet.
 quiet_pod`` says, for one budget and one pod, whether the pod can change the
 budget's decisions, and if not, what it adds to the status (matched, VRAM and
 RAM, stale or missing reports). This keeps those answers and their sums per
@@ -19,10 +19,15 @@ answer yet are active.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
-from vramguard_operator.engine.types import QuietPods
+from vramguard_api.budget import GPUMemoryBudget
+from vramguard_operator.controller.cache import ClusterCache
+from vramguard_operator.engine.quiet import quiet_pod
+from vramguard_operator.engine.types import EngineConfig, QuietPods
 
 BudgetKey = tuple[str, str]
 
@@ -109,3 +114,66 @@ class QuietTotals:
                 out.add(q, -1)
         return QuietPods(out.matched, out.vram_bytes, out.vram_known, out.ram_bytes, out.ram_known,
                          frozenset(out.stale), frozenset(out.missing))
+
+
+class QuietAnswers:
+    """``QuietTotals`` kept up to date with ``engine.quiet.quiet_pod``.
+
+    ``effective(key)``: the budget as the engine evaluates it (None: it does
+    not parse; its pods are then all active); ``merged_of(namespace)``: the
+    namespace's merged policy (a change answers every pod of its budgets again)."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        config: EngineConfig,
+        effective: Callable[[BudgetKey], GPUMemoryBudget | None],
+        merged_of: Callable[[str], Any],
+    ) -> None:
+        self.cache = cache
+        self.config = config
+        self.effective = effective
+        self.merged_of = merged_of
+        self.totals = QuietTotals()
+        self._basis: dict[BudgetKey, tuple[Any, ...]] = {}
+        self._again: set[tuple[BudgetKey, str]] = set()
+        self._eff: dict[BudgetKey, GPUMemoryBudget | None] = {}
+
+    def again(self, key: BudgetKey, uids: Iterable[str]) -> None:
+        """Answer these pods again at the next refresh (the budget's status named
+        them, or stopped naming them)."""
+        self._again |= {(key, u) for u in uids}
+
+    def refresh(self, budgets: Iterable[BudgetKey], pods: Iterable[str], now: datetime) -> None:
+        """Answer again what marked budgets and pods may have changed."""
+        c = self.cache
+        self._eff.clear()
+        for key in budgets:
+            if key not in c.budgets:
+                self.totals.drop_budget(key)
+                self._basis.pop(key, None)
+                continue
+            v = c.budgets[key]
+            basis = (v.uid, v.value.generation, self.merged_of(key[0]))
+            if basis != self._basis.get(key):  # spec or policy: every pod again
+                self._basis[key] = basis
+                self.totals.drop_budget(key)
+                for uid in c.selects.get(key, ()):
+                    self._answer(key, uid, now)
+        for uid in pods:
+            keys = c.selected_by.get(uid, set())
+            self.totals.drop_pod(uid, keep=keys)
+            if uid in c.pods:
+                for key in keys:
+                    self._answer(key, uid, now)
+        for key, uid in self._again:
+            if uid in c.selects.get(key, ()):
+                self._answer(key, uid, now)
+        self._again.clear()
+
+    def _answer(self, key: BudgetKey, uid: str, now: datetime) -> None:
+        if key not in self._eff:
+            self._eff[key] = self.effective(key)
+        eff, pod = self._eff[key], self.cache.pods[uid].facts
+        answer = None if eff is None else quiet_pod(eff, pod, self.cache.report(pod.node_name or ""), now, self.config)
+        self.totals.set(key, uid, answer)

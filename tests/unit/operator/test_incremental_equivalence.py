@@ -1,7 +1,7 @@
 """Incremental evaluation decides exactly what a pass over everything decides
 (issue 18): random sequences of changes (node reports, pods created, deleted
-and relabelled, budgets created, changed and deleted, policies and namespace
-labels) and of time passing, applied to two copies of one world; after each,
+and relabelled, budgets created, changed and deleted, policies, namespace
+labels, DRA claims shared by pods) and of time passing, applied to two copies of one world; after each,
 one copy is evaluated incrementally (only what the changes mark, timers,
 level-triggered steps) and the other over everything, and their decisions,
 budget statuses, implicit budgets' statuses and pod annotations must be
@@ -19,6 +19,7 @@ import pytest
 from vramguard_operator.engine.types import EngineConfig
 
 from ..policy.builders import cluster_nodes
+from ..policy.dra_builders import claim, gpu, resource_slice, result
 from .world import World
 
 GI = 1 << 30
@@ -73,9 +74,11 @@ class Scenario:
             self._pod_edit(worlds)
         elif r < 0.75:
             self._budget(worlds)
-        elif r < 0.83:
+        elif r < 0.81:
             self._policy(worlds)
-        elif r < 0.88:
+        elif r < 0.86:
+            self._claim(worlds)
+        elif r < 0.9:
             ns = self.rng.choice(SPACES)
             labels = {"team": self.rng.choice(["a", "b"]), "kubernetes.io/metadata.name": ns}
             for w in worlds:
@@ -111,12 +114,15 @@ class Scenario:
     def _new_pod(self, worlds: list[World]) -> None:
         self.n += 1
         name = f"p{self.n}"
-        limits = {"cpu": "2"} | ({"nvidia.com/gpu": "1"} if self.rng.random() < 0.7 else {})
+        claimed = self.rng.random() < 0.25
+        limits = {"cpu": "2"} | ({"nvidia.com/gpu": "1"} if self.rng.random() < 0.7 and not claimed else {})
         body = {"metadata": {"name": name, "namespace": self.rng.choice(SPACES), "uid": f"uid-{name}",
                              "labels": {"app": self.rng.choice("xyzw")}},
                 "spec": {"nodeName": self.rng.choice(NODES), "containers": [
                     {"name": "main", "resources": {"limits": limits, "requests": {"cpu": "1"}}}]},
                 "status": {"phase": "Running"}}
+        if claimed:  # a DRA claim: its memory is the pod's limit on the device; shared, a claim budget
+            body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": self.rng.choice(["c1", "c2"])}]
         for w in worlds:
             w.put("pods", body["metadata"]["uid"], _copy(body))
 
@@ -156,6 +162,22 @@ class Scenario:
                 body_w["status"] = old["status"]
             w.put("budgets", key, body_w)
 
+    def _claim(self, worlds: list[World]) -> None:
+        ns, name = self.rng.choice(SPACES), self.rng.choice(["c1", "c2"])
+        if self.rng.random() < 0.2:
+            for w in worlds:
+                w.put("claims", (ns, name), None)
+            return
+        users = [b for b in worlds[0].objects.get("pods", {}).values()
+                 if b["metadata"]["namespace"] == ns and any(
+                     r.get("resourceClaimName") == name for r in b["spec"].get("resourceClaims") or ())]
+        nodes = [n for b in users if (n := b["spec"]["nodeName"]) in NODES[:2]] or NODES[:2]
+        node = self.rng.choice(nodes)
+        users = [b["metadata"]["name"] for b in users]
+        body = claim(name, [result("gpu-0", node, self.rng.choice(["5Gi", "10Gi", "20Gi"]))], users, ns=ns)
+        for w in worlds:
+            w.put("claims", (ns, name), _copy(body))
+
     def _policy(self, worlds: list[World]) -> None:
         name = self.rng.choice(["p1", "p2"])
         spec = None if self.rng.random() < 0.3 else self.rng.choice(POLICIES)
@@ -181,6 +203,9 @@ def _world() -> World:
     for ns in SPACES:
         w.put("namespaces", ns, {"metadata": {"name": ns, "uid": f"ns-{ns}",
                                               "labels": {"kubernetes.io/metadata.name": ns}}})
+    for n in NODES[:2]:
+        s = resource_slice(n, [gpu("gpu-0", f"GPU-{n}")])
+        w.put("slices", s["metadata"]["name"], s)
     return w
 
 

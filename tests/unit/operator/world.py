@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
 from vramguard_operator.controller.cache import ClusterCache
 from vramguard_operator.controller.incremental import Incremental
 from vramguard_operator.controller.indexes import (
@@ -46,6 +47,8 @@ from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.node import NodeFacts
 
 PARSE: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "claims": claim_entry,
+    "slices": slice_entry,
     "pods": pod_cache_entry,
     "budgets": budget_entry,
     "reports": report_entry,

@@ -119,6 +119,7 @@ def fleet(cluster: Any) -> Iterator[Fleet]:  # noqa: F811
 @pytest.mark.parametrize("nodes", SIZES, ids=lambda n: f"{n}-nodes")
 def test_scale(cluster: Any, fleet: Fleet, nodes: int, bench: BenchRecorder, tmp_path: Any) -> None:  # noqa: F811
     t_build = time.monotonic()
+    before = {s.name for s in fleet.over_pods()}
     fleet.grow_to(nodes)
     print(f"\n{nodes} nodes / {nodes * 8} pods built (+{time.monotonic() - t_build:.0f} s)")
     kubeconfig = operator_kubeconfig(fleet.api, cluster.kubeconfig, tmp_path / "operator.kubeconfig")
@@ -127,10 +128,14 @@ def test_scale(cluster: Any, fleet: Fleet, nodes: int, bench: BenchRecorder, tmp
     load.start()
     watcher.start()
     op = ScaleOperator(kubeconfig, ["vg-scale-*"])
-    over = [s.name for s in fleet.over_pods()]
+    # the pods over their limit that no operator has seen yet (those of a smaller
+    # size keep their annotation: a restarted operator rightly does not repeat it)
+    over = [s.name for s in fleet.over_pods() if s.name not in before]
     try:
         started = time.perf_counter()
         op.start(timeout=300)
+        wait_for(op.ready, 1800, "the first pass", interval=0.1)
+        first_pass = time.perf_counter() - started
         wait_for(lambda: any(n in watcher.annotated for n in over), 1800, "a first decision", interval=0.1)
         first = min(watcher.annotated[n] for n in over if n in watcher.annotated) - started
         wait_for(lambda: all(n in watcher.annotated for n in over), 1800, "every violation annotated", interval=0.5)
@@ -146,7 +151,7 @@ def test_scale(cluster: Any, fleet: Fleet, nodes: int, bench: BenchRecorder, tmp
         watcher.stop()
         op.stop()
         print(f"operator log: {op.log}")
-    _report(bench, nodes, (first, every, limits), steady, latencies)
+    _report(bench, nodes, (first_pass, first, every, limits), steady, latencies)
     assert len(latencies) == TRIALS
 
 
@@ -222,26 +227,30 @@ def _trials(fleet: Fleet, watcher: AnnotationWatcher) -> list[float]:
     return out
 
 
-def _report(bench: BenchRecorder, nodes: int, start: tuple[float, float, float], steady: dict[str, float],
+def _report(bench: BenchRecorder, nodes: int, start: tuple[float, float, float, float], steady: dict[str, float],
             latencies: list[float]) -> None:
-    first, every, limits = start
+    first_pass, first, every, limits = start
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     COST_PER_REPORT[nodes] = steady["cpu_ms_per_report"]
     print(
         f"{nodes} nodes / {nodes * 8} GPU pods (machine load {steady['load']:.1f} on "
         f"{os.cpu_count()} cores):\n"
-        f"  start -> first decision {first:.1f} s (target <= 30 s); every violation {every:.1f} s; "
+        f"  start -> first pass {first_pass:.1f} s; first decision {first:.1f} s (target <= 30 s); "
+        f"every new violation {every:.1f} s; "
         f"every implicit budget's limits annotation {limits:.1f} s\n"
-        f"  report -> annotation p50 {q[49] * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms (target <= 2000 ms)\n"
+        f"  report -> annotation p50 {q[49] * 1000:.0f} ms, p90 {q[89] * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms "
+        f"(target <= 2000 ms); slowest {', '.join(f'{x * 1000:.0f}' for x in sorted(latencies)[-4:])} ms\n"
         f"  pass {steady['pass_ms']:.1f} ms; CPU {steady['cpu_cores']:.2f} cores (target <= 1); "
         f"RSS {steady['rss_mib']:.0f} MiB (target <= 1024)\n"
         f"  {steady['requests_per_s']:.2f} API requests/s; {steady['writes_per_report']:.3f} writes per report "
         f"(target <= 0.2); {steady['cpu_ms_per_report']:.2f} CPU ms per report "
         f"({steady['reports_per_s']:.1f} reports/s)")
+    bench.record("scale.start_to_first_pass", first_pass, "s")
     bench.record("scale.start_to_first_decision", first, "s", at_most=30)
     bench.record("scale.start_to_every_violation", every, "s")
     bench.record("scale.start_to_limits_annotations", limits, "s")
     bench.record("scale.report_to_annotation.p50", q[49] * 1000, "ms")
+    bench.record("scale.report_to_annotation.p90", q[89] * 1000, "ms")
     bench.record("scale.report_to_annotation.p99", q[98] * 1000, "ms", at_most=2000)
     if steady["pass_ms"] == steady["pass_ms"]:  # not NaN
         bench.record("scale.pass_mean", steady["pass_ms"], "ms")

@@ -110,8 +110,9 @@ class Fleet:
         first = len(self.nodes) * PODS_PER_NODE
         slots = [self._slot(first + k, node) for k, node in
                  ((k, new[k // PODS_PER_NODE]) for k in range(len(new) * PODS_PER_NODE))]
+        existing = self._existing_pods()  # a fleet left by an interrupted run is taken as it is
         with ThreadPoolExecutor(8) as pool:
-            uids = list(pool.map(self._create_pod, slots))
+            uids = list(pool.map(lambda s: existing.get(s.name) or self._create_pod(s), slots))
         for slot, uid in zip(slots, uids, strict=True):
             slot.uid = uid
             self.pods.setdefault(slot.node, []).append(slot)
@@ -151,6 +152,17 @@ class Fleet:
             if err.status != 409:
                 raise
             return str(self.core.read_namespaced_pod(slot.name, slot.namespace).metadata.uid)
+
+    def _existing_pods(self) -> dict[str, str]:
+        out, cont = {}, None
+        while True:
+            resp = self.core.list_pod_for_all_namespaces(label_selector=f"{LABEL}=true", limit=2000, _continue=cont,
+                                                        _preload_content=False)
+            data = json.loads(resp.data)
+            out.update({p["metadata"]["name"]: p["metadata"]["uid"] for p in data["items"]})
+            cont = data["metadata"].get("continue")
+            if not cont:
+                return out
 
     def _ready_nodes(self) -> int:
         resp = self.core.list_node(label_selector=f"{LABEL}=true", _preload_content=False)
@@ -254,13 +266,20 @@ def _ignore_404(call: Callable[[], Any]) -> None:
 
 
 class LoadGenerator:
-    """Every node re-reports every 30 s, staggered, with VRAM moving ±16 MiB."""
+    """Every node re-reports every 30 s, staggered, with VRAM moving ±16 MiB.
+    At most ``WORKERS`` writes are under way at once and as many wait: where the
+    API server cannot take the rate (a loaded machine), the period stretches
+    instead of a backlog growing without bound (the figures say what rate was
+    reached and how old the reports got)."""
+
+    WORKERS = 12
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="vg-scale-load")
         self.errors = 0
+        self.slots = threading.BoundedSemaphore(2 * self.WORKERS)
 
     def start(self) -> None:
         self.thread.start()
@@ -272,12 +291,15 @@ class LoadGenerator:
     def _run(self) -> None:
         nodes = list(self.fleet.nodes)
         period = REPORT_PERIOD_S / len(nodes)
-        with ThreadPoolExecutor(6) as pool:
+        with ThreadPoolExecutor(self.WORKERS) as pool:
             start, i = time.monotonic(), 0
             while not self.stop.is_set():
                 delay = start + i * period - time.monotonic()
                 if delay > 0 and self.stop.wait(delay):
                     break
+                while not self.slots.acquire(timeout=1):
+                    if self.stop.is_set():
+                        return
                 pool.submit(self._one, nodes[i % len(nodes)])
                 i += 1
 
@@ -286,6 +308,8 @@ class LoadGenerator:
             self.fleet.publish(node, move=True)
         except Exception:  # a failed report only makes the load lighter
             self.errors += 1
+        finally:
+            self.slots.release()
 
 
 # --- the operator's identity and requests -------------------------------------------------

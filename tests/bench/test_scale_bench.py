@@ -181,6 +181,7 @@ def _steady(op: OperatorProcess, fleet: Fleet, audit: AuditLog) -> dict[str, flo
     passes1 = _passes(op)
     reqs = operator_requests(audit, offset)
     count = passes1[1] - passes0[1]
+    ages = sorted(_report_ages(op))
     print(f"  requests in the window: {dict(sorted(reqs.by_verb.items()))}")
     return {
         "cpu_cores": cpu / wall,
@@ -191,7 +192,17 @@ def _steady(op: OperatorProcess, fleet: Fleet, audit: AuditLog) -> dict[str, flo
         "reports_per_s": reports / wall,
         "pass_ms": (passes1[0] - passes0[0]) / count * 1000 if count else float("nan"),
         "load": statistics.mean(loads),
+        "report_age_p50": ages[len(ages) // 2] if ages else float("nan"),
+        "report_age_max": ages[-1] if ages else float("nan"),
     }
+
+
+def _report_ages(op: OperatorProcess) -> list[float]:
+    """Each node's report age as the operator saw it (how well the load kept its 30 s)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s.value for fam in text_string_to_metric_families(op.metrics()) for s in fam.samples
+            if s.name == "vramguard_node_report_age_seconds"]
 
 
 def _passes(op: OperatorProcess) -> tuple[float, float]:
@@ -244,7 +255,8 @@ def _report(bench: BenchRecorder, nodes: int, start: tuple[float, float, float, 
         f"RSS {steady['rss_mib']:.0f} MiB (target <= 1024)\n"
         f"  {steady['requests_per_s']:.2f} API requests/s; {steady['writes_per_report']:.3f} writes per report "
         f"(target <= 0.2); {steady['cpu_ms_per_report']:.2f} CPU ms per report "
-        f"({steady['reports_per_s']:.1f} reports/s)")
+        f"({steady['reports_per_s']:.1f} reports/s of {nodes / 30:.1f} wanted; report age p50 "
+        f"{steady['report_age_p50']:.0f} s, max {steady['report_age_max']:.0f} s)")
     bench.record("scale.start_to_first_pass", first_pass, "s")
     bench.record("scale.start_to_first_decision", first, "s", at_most=30)
     bench.record("scale.start_to_every_violation", every, "s")
@@ -260,6 +272,9 @@ def _report(bench: BenchRecorder, nodes: int, start: tuple[float, float, float, 
     bench.record("scale.writes_per_report", steady["writes_per_report"], "1", at_most=0.2)
     bench.record("scale.cpu_per_report", steady["cpu_ms_per_report"], "ms")
     bench.record("scale.machine_load", steady["load"], "1")
+    bench.record("scale.reports_per_s", steady["reports_per_s"], "1/s", at_least=nodes / 30 * 0.9)
+    if steady["report_age_max"] == steady["report_age_max"]:
+        bench.record("scale.report_age_max", steady["report_age_max"], "s")
     if 250 in COST_PER_REPORT and nodes != 250:
         ratio = steady["cpu_ms_per_report"] / COST_PER_REPORT[250]
         print(f"  cost of one report: {ratio:.2f}x that at 250 nodes (target <= 2x up to 2,000 nodes)")

@@ -22,8 +22,8 @@ desired status in memory for its next evaluation (``cache``), so a figure
 written late changes no decision. ``fence(namespace)`` is asked before each
 write: a shard that no longer owns the namespace drops the write.
 
-``vramguard.io/limits`` patches (``put_limits``) are written after every due
-status write, one per pod (the latest wins), and reported back through
+``vramguard.io/limits`` patches (``put_limits``) take turns with the due
+status writes, one per pod (the latest wins), and are reported back through
 ``on_limits`` (the reconcile thread records them).
 """
 
@@ -124,6 +124,7 @@ class StatusWriter(threading.Thread):
         self._known: dict[BudgetKey, tuple[int, dict[str, Any] | None]] = {}  # (resourceVersion, status)
         self._last: dict[BudgetKey, float] = {}
         self._limits: dict[str, tuple[PodRef, Mapping[str, str | None]]] = {}
+        self._turn = False
         self._halt = False
 
     # -- the reconcile thread's side
@@ -223,10 +224,12 @@ class StatusWriter(threading.Thread):
             while not self._halt:
                 now = self.clock()
                 due = [(p.due, k) for k, p in self._pending.items() if p.due <= now]
+                # statuses and limits take turns, so that neither starves the other
+                self._turn = not self._turn
+                if self._limits and (self._turn or not due):
+                    return self._limits.pop(next(iter(self._limits)))
                 if due:
                     return self._pending.pop(min(due)[1])
-                if self._limits:
-                    return self._limits.pop(next(iter(self._limits)))
                 wait = min((p.due - now for p in self._pending.values()), default=None)
                 self._cv.wait(wait)
             return None

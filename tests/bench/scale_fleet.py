@@ -132,6 +132,7 @@ class Fleet:
     def _create_node(self, name: str) -> None:
         node = gpu_node_manifest(name)
         node["metadata"]["labels"][LABEL] = "true"
+        node["metadata"]["labels"].pop("type", None)  # hack/cluster/up.sh waits for every type=kwok node
         _create(self.core.create_node, node)
 
     def _create_pod(self, slot: PodSlot) -> str:

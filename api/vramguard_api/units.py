@@ -21,6 +21,7 @@ Bounds on API fields (VRAM limits, delays) live in :mod:`vramguard_api.bounds`.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import ROUND_CEILING, ROUND_UP, Decimal, localcontext
@@ -37,6 +38,7 @@ QUANTITY_GRAMMAR = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([KMGTPE
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+)(?:\.([0-9]+))?(ns|us|µs|ms|s|m|h)")
 _UNIT_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+_DURATION = re.compile(DURATION_PATTERN)
 
 MAX_TEXT = 64
 """Longest quantity or duration text accepted (the API fields' maxLength)."""
@@ -122,7 +124,7 @@ def _round_nano(parsed: Decimal) -> Decimal:
         return parsed.quantize(_NANO, rounding=ROUND_UP)
 
 
-def quantity_to_bytes(value: str | int, field: str = "quantity", *, maximum: int = MAX_BYTES) -> int:
+def _parse_quantity(value: str | int, field: str = "quantity", *, maximum: int = MAX_BYTES) -> int:
     """Return a non-negative quantity (``"40Gi"``, ``"512Mi"``, ``1000``) as whole bytes.
 
     Fractions of a byte round up, as apimachinery's ``Quantity.Value()`` does.
@@ -148,7 +150,7 @@ def quantity_to_bytes(value: str | int, field: str = "quantity", *, maximum: int
     return int(parsed.to_integral_value(rounding=ROUND_CEILING))
 
 
-def duration_ns(value: str, field: str = "duration", *, maximum_ns: int = GO_DURATION_MAX_NS) -> int:
+def _parse_duration(value: str, field: str = "duration", *, maximum_ns: int = GO_DURATION_MAX_NS) -> int:
     """Return a Go-style duration string (``"30s"``, ``"1h30m"``) in whole nanoseconds.
 
     The arithmetic is Go's ``time.ParseDuration``: whole units exactly, a
@@ -157,7 +159,7 @@ def duration_ns(value: str, field: str = "duration", *, maximum_ns: int = GO_DUR
     grammar (non-negative, units required) or longer than ``MAX_TEXT``, and
     ``OutOfRange`` when it is above ``maximum_ns`` (default: Go's largest duration).
     """
-    if not isinstance(value, str) or len(value) > MAX_TEXT or not re.fullmatch(DURATION_PATTERN, value):
+    if not isinstance(value, str) or len(value) > MAX_TEXT or not _DURATION.fullmatch(value):
         raise ValueError(f"{field}: invalid duration {show(value)} (want Go syntax such as 30s, 10m, 1h30m)")
     total = 0
     for whole, fraction, unit in _DURATION_PART.findall(value):
@@ -231,3 +233,29 @@ def format_bytes(value: int | float | None) -> str:
             return f"{text}{suffix}"
         amount /= 1024
     raise AssertionError("unreachable")
+
+
+# Budgets and ladders are parsed at every evaluation and hold few distinct
+# strings, so their values are cached; only plain str and int are (an
+# unhashable value, a list, must still raise the clear ValueError, and True
+# must not hit the entry of 1).
+_quantity_cached = functools.lru_cache(maxsize=4096)(_parse_quantity)
+_duration_cached = functools.lru_cache(maxsize=4096)(_parse_duration)
+
+
+def quantity_to_bytes(value: str | int, field: str = "quantity", *, maximum: int = MAX_BYTES) -> int:
+    """A non-negative quantity as whole bytes: ``_parse_quantity`` (the
+    grammar, rounding and the ValueError/OutOfRange raised are documented
+    there), cached for plain str and int values."""
+    if type(value) in (str, int):
+        return _quantity_cached(value, field, maximum=maximum)
+    return _parse_quantity(value, field, maximum=maximum)
+
+
+def duration_ns(value: str, field: str = "duration", *, maximum_ns: int = GO_DURATION_MAX_NS) -> int:
+    """A Go-style duration in whole nanoseconds: ``_parse_duration`` (the
+    grammar and the ValueError/OutOfRange raised are documented there), cached
+    for plain str values."""
+    if type(value) is str:
+        return _duration_cached(value, field, maximum_ns=maximum_ns)
+    return _parse_duration(value, field, maximum_ns=maximum_ns)

@@ -289,6 +289,7 @@ class OperatorProcess:
         self.log = Path(tempfile.mkstemp(prefix="vramguard-operator-", suffix=".log")[1])
         self.health_port = free_port()
         self.metrics_port = free_port()
+        self.root = ROOT  # whose api/, operator/ and agent/ it runs
 
     def command(self) -> list[str]:
         ns_args = [a for ns in self.namespaces for a in ("-n", ns)]
@@ -308,7 +309,7 @@ class OperatorProcess:
         env = {
             **os.environ,
             "KUBECONFIG": self.kubeconfig,
-            "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent")),
+            "PYTHONPATH": os.pathsep.join(str(Path(self.root) / p) for p in ("api", "operator", "agent")),
             **self.extra_env,
         }
         with self.log.open("ab") as out:

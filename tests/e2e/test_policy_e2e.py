@@ -506,10 +506,13 @@ class KopfRunOperator(OperatorProcess):
         ]
 
     def env(self) -> dict[str, str]:
+        # kopf's -n limits kopf's own watches, of which the operator has none:
+        # its namespaces come from VRAMGUARD_NAMESPACES (docs/operator.md)
         return {
             "VRAMGUARD_METRICS_PORT": str(self.metrics_port),
             "VRAMGUARD_METRICS_ADDRESS": "127.0.0.1",
             "VRAMGUARD_EVALUATION_PERIOD": "1s",
+            "VRAMGUARD_NAMESPACES": ",".join(self.namespaces),
         }
 
 

@@ -168,7 +168,9 @@ class ApplyResult:
 
 class Applier:
     """Applies engine outputs with ``KubeActions``, posts their Events and counts
-    them in the metrics."""
+    them in the metrics. ``fence(namespace)``: whether this replica may act in
+    a namespace right now (namespace shards, ``shards.ShardManager.owns``);
+    asked before each pod's actions."""
 
     def __init__(
         self,
@@ -176,7 +178,9 @@ class Applier:
         recorder: EventRecorder,
         limiter: EvictionLimiter,
         metrics: Metrics,
+        fence: Callable[[str], bool] = lambda ns: True,
     ) -> None:
+        self.fence = fence
         self.actions = actions
         self.recorder = recorder
         self.limiter = limiter
@@ -193,10 +197,17 @@ class Applier:
         result = ApplyResult()
         work, budget_only = plan_pod_work(out)
         for w in work:
+            if not self.fence(w.pod.namespace):
+                # another replica decides there now (its shard's Lease lapsed): act no more
+                log.warning("pod %s/%s: not acting, this replica no longer holds its namespace's shard",
+                            w.pod.namespace, w.pod.name)
+                continue
             if w.pod.namespace in ctx.exempt_namespaces:
                 w = self._exempt(w)
             self._apply_pod(w, ctx, result)
         for d in budget_only:
+            if not self.fence(d.budget.namespace):
+                continue
             self.events.explain(d, d.event)
             self.events.count(d, "success")
         for p in out.object_problems:

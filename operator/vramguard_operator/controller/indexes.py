@@ -1,25 +1,20 @@
-"""The operator's in-memory view of the cluster.
+"""The entries the operator keeps of watched objects, built by pure functions
+from the API's JSON bodies (``informer`` parses each object once with these):
 
-kopf indexes (``@kopf.index`` in ``handlers``) hold one small, parsed entry per
-object, built here by pure functions from the watched bodies:
+- pods (``PodEntry``: ``PodFacts``, the trimmed GPU pod that shares and
+  implicit budgets read, the budgets named in its escalation state);
+- GPUMemoryBudgets (the parsed model, or why it does not parse);
+- GPUMemoryPolicies, NodeGPUUsage reports by node, namespace labels.
 
-- pods by namespace (``PodFacts``: labels, node, phase, CPU resources, annotations);
-- GPUMemoryBudgets by namespace (the parsed model, or why it does not parse);
-- GPUMemoryPolicies (one key), NodeGPUUsage reports by node, namespace labels.
-
-Each entry carries the object's ``resourceVersion``. ``Overlay`` keeps the
-objects that the operator itself just wrote (the API server's responses) until
-the watch catches up, so that an evaluation right after an action sees the
-action's result and never repeats it. ``Snapshot`` is one consistent copy for
-an evaluation.
+Each entry carries the object's ``resourceVersion``, so that the API server's
+answer to one of the operator's own writes can be kept until the watch
+delivers the same or a newer version (``rv_newer``).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
@@ -28,9 +23,14 @@ from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.kubeapi import plain
-from vramguard_operator.engine.types import ANNOTATION_PREFIX, PodFacts
+from vramguard_operator.engine.records import records_from_annotation
+from vramguard_operator.engine.types import ANNOTATION_PREFIX, ANNOTATION_VIOLATIONS, PodFacts
+from vramguard_operator.policy.implicit import ANNOTATION_LIMITS
+from vramguard_operator.policy.sharers import grant_annotations, may_use_gpu
 
 T = TypeVar("T")
+
+GPU_RESOURCE_PREFIXES = ("nvidia.com/", "aliyun.com/")
 
 
 def rv_newer(a: str, b: str) -> bool:
@@ -40,10 +40,6 @@ def rv_newer(a: str, b: str) -> bool:
     by etcd issues them from etcd's increasing revision, so they compare as
     integers. Anything else counts as not newer (the watch is then trusted)."""
     return a.isdigit() and b.isdigit() and int(a) > int(b)
-
-
-def _rv_int(rv: str) -> int:
-    return int(rv) if rv.isdigit() else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +69,105 @@ def _problem(kind: str, body: Mapping[str, Any], err: Exception) -> str:
 
 
 def pod_entry(body: Mapping[str, Any]) -> Versioned[PodFacts]:
-    """The index entry of a pod. Raises ``ValueError`` when metadata is incomplete."""
+    """The facts of a pod and its version. Raises ``ValueError`` when metadata
+    is incomplete."""
     meta = _meta(body)
-    facts = PodFacts.from_api(plain(body))
+    facts = PodFacts.from_api(body)
     return Versioned(facts.uid, str(meta.get("resourceVersion") or ""), facts)
+
+
+@dataclass(frozen=True, slots=True)
+class PodEntry:
+    """What the operator keeps of a pod: its facts and version, the pod trimmed
+    to what shares and implicit budgets read (``policy_handlers.gpu_pod_entry``;
+    None for a pod that requests no GPU) and the names of the budgets its
+    ``vramguard.io/violations`` annotation holds state for."""
+
+    uid: str
+    resource_version: str
+    facts: PodFacts
+    gpu: Mapping[str, Any] | None = None
+    recorded: frozenset[str] = frozenset()
+
+    @property
+    def namespace(self) -> str:
+        """The pod's namespace."""
+        return self.facts.namespace
+
+    def decides_like(self, other: PodEntry) -> bool:
+        """Whether ``other`` gives every decision the same inputs (only the
+        version differs: the echo of the operator's own write)."""
+        return self.facts == other.facts and self.gpu == other.gpu
+
+
+def pod_cache_entry(body: Mapping[str, Any]) -> PodEntry | None:
+    """The ``PodEntry`` of a pod (None when its metadata is incomplete)."""
+    try:
+        v = pod_entry(body)
+    except ValueError:
+        return None
+    facts = v.value
+    text = facts.annotations.get(ANNOTATION_VIOLATIONS)
+    recorded: frozenset[str] = frozenset()
+    if text:
+        records, _ = records_from_annotation(text, facts.namespace, facts.name)
+        recorded = frozenset(r.key.budget for r in records)
+    return PodEntry(v.uid, v.resource_version, facts, gpu_pod_entry(body), recorded)
+
+
+def node_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A GPU node's labels and allocatable resources (None for other nodes, which
+    are not kept)."""
+    meta = _meta(body)
+    status = body.get("status") or {}
+    alloc = dict(status.get("allocatable") or status.get("capacity") or {})
+    labels = dict(meta.get("labels") or {})
+    gpu = labels.get("nvidia.com/gpu.present") == "true" or any(
+        r.startswith(GPU_RESOURCE_PREFIXES) for r in alloc
+    )
+    if not gpu:
+        return None
+    return {
+        "metadata": {"name": meta.get("name"), "labels": labels},
+        "status": {"allocatable": {k: str(v) for k, v in alloc.items()}},
+    }
+
+
+def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A pod that may use a GPU (``sharers.may_use_gpu``), trimmed to what shares
+    and grants read (None for other pods): metadata (name, namespace, uid,
+    labels, the annotations grants are read from and ``vramguard.io/limits``),
+    ``spec.nodeName``, ``spec.resourceClaims``, containers' names and resources,
+    phase and the claims' names in its status."""
+    if not may_use_gpu(body):
+        return None
+    meta = _meta(body)
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    annotations = dict(meta.get("annotations") or {})
+    kept = {**grant_annotations(annotations), **{k: v for k, v in annotations.items() if k == ANNOTATION_LIMITS}}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": kept,
+        },
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "resourceClaims": plain(spec.get("resourceClaims") or []),
+            "containers": [
+                {"name": c.get("name"), "resources": plain(c.get("resources") or {})}
+                for c in spec.get("containers") or ()
+            ],
+        },
+        "status": {
+            "phase": status.get("phase"),
+            "resourceClaimStatuses": plain(status.get("resourceClaimStatuses") or []),
+            "extendedResourceClaimStatus": plain(status.get("extendedResourceClaimStatus")),
+        },
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +217,7 @@ def budget_entry(body: Mapping[str, Any]) -> Versioned[BudgetEntry]:
 def report_entry(body: Mapping[str, Any]) -> Versioned[NodeGPUUsage | str]:
     """The index entry of a NodeGPUUsage: the model, or why it does not parse."""
     meta = _meta(body)
-    data = plain(body)
+    data = dict(body)  # pydantic copies what it keeps; a shallow copy for the new metadata
     data["metadata"] = {"name": meta.get("name"), "uid": meta.get("uid")}
     uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
     try:
@@ -158,181 +249,6 @@ def namespace_entry(body: Mapping[str, Any]) -> Versioned[dict[str, str]]:
     meta = _meta(body)
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     return Versioned(str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""), labels)
-
-
-# --- snapshot -------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Snapshot:
-    """One copy of the indexes for an evaluation (plain dicts and lists).
-
-    ``budgets``/``pods``: by namespace; ``reports``: by node (a string entry is a
-    report that does not parse); ``policies``: by name (likewise);
-    ``namespaces``: labels by namespace name."""
-
-    budgets: dict[str, list[Versioned[BudgetEntry]]] = field(default_factory=dict)
-    pods: dict[str, list[Versioned[PodFacts]]] = field(default_factory=dict)
-    reports: dict[str, Versioned[NodeGPUUsage | str]] = field(default_factory=dict)
-    policies: dict[str, Versioned[GPUMemoryPolicy | str]] = field(default_factory=dict)
-    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
-    # GPU pods by namespace and GPU nodes by name, trimmed (policy_handlers' indexes)
-    gpu_pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    gpu_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # ResourceClaims by (namespace, name) and ResourceSlices, trimmed (allocation_entries)
-    claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    slices: list[dict[str, Any]] = field(default_factory=list)
-    # nodes that more than one NodeGPUUsage claims: why (which objects)
-    report_conflicts: dict[str, str] = field(default_factory=dict)
-
-    def valid_reports(self) -> dict[str, NodeGPUUsage]:
-        """Reports that parse, by node."""
-        return {n: v.value for n, v in self.reports.items() if isinstance(v.value, NodeGPUUsage)}
-
-    def unknown_nodes(self) -> dict[str, str]:
-        """Nodes whose data cannot be believed whatever their report says, and
-        why: two reports claim the node, or its report does not parse."""
-        out = {n: f"its NodeGPUUsage does not parse: {v.value}" for n, v in self.reports.items() if isinstance(v.value, str)}
-        out.update(self.report_conflicts)
-        return out
-
-    def valid_policies(self) -> dict[str, GPUMemoryPolicy]:
-        """Policies that parse, by name."""
-        return {
-            n: v.value for n, v in self.policies.items() if isinstance(v.value, GPUMemoryPolicy)
-        }
-
-    def invalid_policies(self) -> dict[str, str]:
-        """Policies that do not parse, by name: why (the field and the error).
-        They are not dropped: while any is left, every namespace is held in
-        DryRun (``policies.merge``)."""
-        return {n: v.value for n, v in self.policies.items() if isinstance(v.value, str)}
-
-    def sample_times(self) -> dict[str, datetime | None]:
-        """Each node's report sample time (None when it has no status)."""
-        out: dict[str, datetime | None] = {}
-        for node, rep in self.valid_reports().items():
-            out[node] = rep.status.sample_time if rep.status is not None else None
-        return out
-
-
-def snapshot_of(
-    budgets: Mapping[Any, Iterable[Any]],
-    pods: Mapping[Any, Iterable[Any]],
-    reports: Mapping[Any, Iterable[Any]],
-    policies: Mapping[Any, Iterable[Any]],
-    namespaces: Mapping[Any, Iterable[Any]],
-    gpu_pods: Mapping[Any, Iterable[Any]] | None = None,
-    gpu_nodes: Mapping[Any, Iterable[Any]] | None = None,
-    claims: Mapping[Any, Iterable[Any]] | None = None,
-    slices: Mapping[Any, Iterable[Any]] | None = None,
-) -> Snapshot:
-    """Copy kopf indexes (key -> store of entries) into a ``Snapshot``.
-
-    Call it on the event loop's thread, where kopf updates the indexes: it does
-    not await, so it sees them in one consistent state."""
-    snap = Snapshot()
-    for ns, store in budgets.items():
-        snap.budgets[ns] = list(store)
-    for ns, store in pods.items():
-        snap.pods[ns] = list(store)
-    for node, store in reports.items():
-        entries = list(store)
-        if entries:
-            snap.reports[node] = max(entries, key=lambda v: _rv_int(v.resource_version))
-        if len({e.uid for e in entries}) > 1:  # two reports claim one node: neither is believed
-            names = sorted(e.value.metadata.name or e.uid if isinstance(e.value, NodeGPUUsage) else e.uid for e in entries)
-            snap.report_conflicts[node] = f"{len(names)} NodeGPUUsage objects report this node ({', '.join(names)})"
-    for name, store in policies.items():
-        for entry in store:
-            snap.policies[name] = entry
-    for name, store in namespaces.items():
-        for entry in store:
-            snap.namespaces[name] = entry.value
-    for ns, store in (gpu_pods or {}).items():
-        snap.gpu_pods[ns] = list(store)
-    for name, store in (gpu_nodes or {}).items():
-        for entry in store:
-            snap.gpu_nodes[name] = entry
-    for key, store in (claims or {}).items():
-        for entry in store:
-            snap.claims[key] = entry
-    for store in (slices or {}).values():
-        snap.slices.extend(store)
-    return snap
-
-
-class Overlay:
-    """Objects written by the operator, kept until the watch delivers them.
-
-    Thread-safe: the actions thread records, the evaluation reads. An entry is
-    used while it is newer than the index's; once the index has caught up (or
-    the object is gone from the index) the entry is dropped."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pods: dict[str, Versioned[PodFacts]] = {}
-        self._budgets: dict[tuple[str, str], Versioned[BudgetEntry]] = {}
-
-    def record_pod(self, body: Mapping[str, Any]) -> None:
-        """Remember a pod as the API server returned it."""
-        try:
-            entry = pod_entry(body)
-        except ValueError:
-            return
-        with self._lock:
-            old = self._pods.get(entry.uid)
-            if old is None or rv_newer(entry.resource_version, old.resource_version):
-                self._pods[entry.uid] = entry
-
-    def record_budget(self, body: Mapping[str, Any]) -> None:
-        """Remember a budget (after a status write) as the API server returned it."""
-        entry = budget_entry(body)
-        key = (entry.value.namespace, entry.value.name)
-        with self._lock:
-            old = self._budgets.get(key)
-            if old is None or rv_newer(entry.resource_version, old.resource_version):
-                self._budgets[key] = entry
-
-    def apply(self, snap: Snapshot) -> Snapshot:
-        """Replace the snapshot's entries by newer written ones (in place; returned)."""
-        with self._lock:
-            seen_pods: set[str] = set()
-            for ns, entries in snap.pods.items():
-                snap.pods[ns] = [self._pick_pod(e, seen_pods) for e in entries]
-            for uid in set(self._pods) - seen_pods:
-                del self._pods[uid]
-            seen_budgets: set[tuple[str, str]] = set()
-            for ns, bentries in snap.budgets.items():
-                snap.budgets[ns] = [self._pick_budget(e, seen_budgets) for e in bentries]
-            for key in set(self._budgets) - seen_budgets:
-                del self._budgets[key]
-        return snap
-
-    def _pick_pod(self, entry: Versioned[PodFacts], seen: set[str]) -> Versioned[PodFacts]:
-        mine = self._pods.get(entry.uid)
-        if mine is None:
-            return entry
-        if rv_newer(mine.resource_version, entry.resource_version):
-            seen.add(entry.uid)
-            return mine
-        return entry  # the watch caught up: the entry is dropped
-
-    def _pick_budget(
-        self, entry: Versioned[BudgetEntry], seen: set[tuple[str, str]]
-    ) -> Versioned[BudgetEntry]:
-        key = (entry.value.namespace, entry.value.name)
-        mine = self._budgets.get(key)
-        if mine is None or mine.uid != entry.uid:
-            return entry
-        if rv_newer(mine.resource_version, entry.resource_version):
-            seen.add(key)
-            return mine
-        return entry
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._pods) + len(self._budgets)
 
 
 def has_vramguard_state(pod: PodFacts) -> bool:

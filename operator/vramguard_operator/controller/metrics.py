@@ -29,6 +29,13 @@
   triggered an evaluation being seen by the operator (a node report, pod,
   budget or policy event; or the evaluation timer) to the end of applying its
   decisions.
+- ``vramguard_evaluation_seconds`` (histogram): one evaluation pass (taking
+  the changes, evaluating what they affect, applying the decisions; the status
+  writes are the writer's, ``status_writer``).
+- ``vramguard_status_writes_total{kind}`` (counter): budget status writes,
+  ``at_once`` (anything but figures changed) or ``refresh`` (figures only).
+- ``vramguard_shards_owned`` (gauge): namespace shards this replica holds
+  (1 without shards).
 - ``vramguard_node_report_age_seconds{node}`` (gauge): age of each node's latest
   report (evaluation time minus ``status.sampleTime``) at the last evaluation.
 - ``vramguard_device_pressure_events_total{outcome,namespace}`` (counter):
@@ -129,10 +136,31 @@ class Metrics:
             ["kind", "reason"],
             registry=self.registry,
         )
+        self._scale_metrics()
         self._violation_series: dict[tuple[str, str], set[str]] = {}
         self._ratio_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._leak_series: dict[tuple[str, str], set[str]] = {}
         self._report_nodes: set[str] = set()
+
+    def _scale_metrics(self) -> None:
+        """The incremental loop's pass time, the status writer's writes, the shards held."""
+        self.pass_seconds = Histogram(
+            "vramguard_evaluation_seconds",
+            "Seconds of one evaluation pass (changes taken, what they affect evaluated, decisions applied).",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.status_writes = Counter(
+            "vramguard_status_writes",
+            "Budget status writes: at_once (anything but figures changed) or refresh (figures only).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.shards = Gauge(
+            "vramguard_shards_owned",
+            "Namespace shards this replica holds (1 without shards).",
+            registry=self.registry,
+        )
 
     def action(self, action: str, result: str, namespace: str) -> None:
         """Count one action (see the module docstring for the label values)."""
@@ -202,6 +230,14 @@ class Metrics:
     def observe_latency(self, seconds: float) -> None:
         """Record one evaluation's decision latency, seconds (negative clamps to 0)."""
         self.decision_latency.observe(max(0.0, seconds))
+
+    def observe_pass(self, seconds: float) -> None:
+        """Record one evaluation pass's duration, seconds."""
+        self.pass_seconds.observe(max(0.0, seconds))
+
+    def status_written(self, kind: str) -> None:
+        """Count one budget status write (``at_once`` or ``refresh``)."""
+        self.status_writes.labels(kind=kind).inc()
 
     def set_budget_violations(
         self, namespace: str, budget: str, status: GPUMemoryBudgetStatus | None

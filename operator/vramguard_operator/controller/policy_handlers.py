@@ -1,17 +1,8 @@
-"""kopf handlers for policies and GPU sharing: thin.
-
-- ``gpu_node_index``: GPU nodes by name (labels and allocatable resources: the
-  GFD labels and device-plugin resources that shares come from);
-- ``gpu_pod_index``: GPU pods by namespace, trimmed to what shares and implicit
-  budgets read (other pods are not indexed);
-- ``policy_status_index`` and a status writer started at startup: each
-  GPUMemoryPolicy's status (namespaces it applies to, where a stricter policy
-  wins), written only when it changes. Not a kopf timer: kopf puts a finalizer
-  on the objects its timers serve, and a policy must stay deletable while the
-  operator is down.
-
-The indexes are read by the reconcile loop (implicit budgets) and by the
-admission webhooks (``webhooks``).
+"""The GPUMemoryPolicy status writer: each policy's status (the namespaces it
+applies to, where a stricter policy wins), computed from the watched policies
+and namespaces (``watches``) and written only when it changes. Not a kopf
+timer: kopf puts a finalizer on the objects its timers serve, and a policy
+must stay deletable while the operator is down.
 """
 
 from __future__ import annotations
@@ -35,95 +26,11 @@ from vramguard_api.policy import GPUMemoryPolicy, GPUMemoryPolicyStatus
 from vramguard_operator.controller.index_views import namespaces_of
 from vramguard_operator.controller.kubeapi import MERGE_PATCH, merge_patch, plain
 from vramguard_operator.engine.budget_status import ConditionSpec, settle_conditions
-from vramguard_operator.policy.implicit import ANNOTATION_LIMITS
 from vramguard_operator.policy.merge import HELD, policy_status
-from vramguard_operator.policy.sharers import grant_annotations, may_use_gpu
 
-GPU_RESOURCE_PREFIXES = ("nvidia.com/", "aliyun.com/")
 POLICY_STATUS_INTERVAL = 5.0  # seconds; a policy's namespaces change rarely
 
 log = logging.getLogger("vramguard.policy")
-
-
-# --- pure entries -------------------------------------------------------------------
-
-
-def node_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A GPU node's labels and allocatable resources (None for other nodes, which
-    are not indexed)."""
-    meta = body.get("metadata") or {}
-    status = body.get("status") or {}
-    alloc = dict(status.get("allocatable") or status.get("capacity") or {})
-    labels = dict(meta.get("labels") or {})
-    gpu = labels.get("nvidia.com/gpu.present") == "true" or any(
-        r.startswith(GPU_RESOURCE_PREFIXES) for r in alloc
-    )
-    if not gpu:
-        return None
-    return {
-        "metadata": {"name": meta.get("name"), "labels": labels},
-        "status": {"allocatable": {k: str(v) for k, v in alloc.items()}},
-    }
-
-
-def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A pod that may use a GPU (``sharers.may_use_gpu``), trimmed to what shares
-    and grants read (None for other pods): metadata (name, namespace, uid,
-    labels, the annotations grants are read from and ``vramguard.io/limits``),
-    ``spec.nodeName``, ``spec.resourceClaims``, containers' names and resources,
-    phase and the claims' names in its status."""
-    if not may_use_gpu(body):
-        return None
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    status = body.get("status") or {}
-    annotations = dict(meta.get("annotations") or {})
-    kept = {**grant_annotations(annotations), **{k: v for k, v in annotations.items() if k == ANNOTATION_LIMITS}}
-    return {
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "labels": dict(meta.get("labels") or {}),
-            "annotations": kept,
-        },
-        "spec": {
-            "nodeName": spec.get("nodeName"),
-            "resourceClaims": plain(spec.get("resourceClaims") or []),
-            "containers": [
-                {"name": c.get("name"), "resources": plain(c.get("resources") or {})}
-                for c in spec.get("containers") or ()
-            ],
-        },
-        "status": {
-            "phase": status.get("phase"),
-            "resourceClaimStatuses": plain(status.get("resourceClaimStatuses") or []),
-            "extendedResourceClaimStatus": plain(status.get("extendedResourceClaimStatus")),
-        },
-    }
-
-
-# --- handlers -----------------------------------------------------------------------
-
-
-@kopf.index("nodes")
-async def gpu_node_index(body: kopf.Body, name: str, **_: Any) -> dict[str, Any] | None:
-    """GPU nodes by name."""
-    entry = node_entry(body)
-    return None if entry is None else {name: entry}
-
-
-@kopf.index("pods")
-async def gpu_pod_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[str, Any] | None:
-    """GPU pods by namespace."""
-    entry = gpu_pod_entry(body)
-    return None if entry is None else {namespace or "": entry}
-
-
-@kopf.index(GROUP, VERSION, POLICIES)
-async def policy_status_index(body: kopf.Body, name: str, **_: Any) -> dict[str, Any]:
-    """GPUMemoryPolicies by name, with generation and status (for the status writer)."""
-    return {name: policy_body(body)}
 
 
 def policy_body(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,7 +38,7 @@ def policy_body(body: Mapping[str, Any]) -> dict[str, Any]:
     data = plain(body)
     meta = data.get("metadata") or {}
     out = {k: data[k] for k in ("apiVersion", "kind", "spec", "status") if k in data}
-    out["metadata"] = {k: meta.get(k) for k in ("name", "uid", "generation")}
+    out["metadata"] = {k: meta.get(k) for k in ("name", "uid", "generation", "resourceVersion")}
     return out
 
 
@@ -188,41 +95,42 @@ def _api() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client())
 
 
-async def _write_statuses(memo: kopf.Memo, policies: Any, namespaces: Any) -> None:
-    # Wait until the indexes hold the initial listings: the reconciler (made by
-    # handlers.operator_startup, whichever startup handler kopf runs first)
-    # knows when they do.
-    while (rec := memo.get("reconciler")) is None:
+async def _write_statuses(memo: kopf.Memo) -> None:
+    # Wait until the watches hold the initial listings (the reconciler knows).
+    while (op := memo.get("operator")) is None:
         await asyncio.sleep(0.05)
-    await rec.ready.wait()
+    while not op.reconciler.ready.is_set():
+        await asyncio.sleep(0.2)
     api = await asyncio.to_thread(_api)
     while True:
-        bodies = [b for store in policies.values() for b in store]
-        patches = desired_statuses(bodies, namespaces_of(namespaces), datetime.now(UTC))
-        for name, patch in patches.items():
-            try:
-                await asyncio.to_thread(
-                    api.patch_cluster_custom_object_status,
-                    GROUP, VERSION, POLICIES, name, {"status": patch},
-                    _content_type=MERGE_PATCH,
-                )
-            except ApiException as err:
-                if err.status != 404:  # a deleted policy needs no status
-                    log.warning("status of GPUMemoryPolicy %s: %s %s", name, err.status, err.reason)
+        if op.leads():  # one replica writes them (with shards: the holder of shard 0)
+            await _write_once(api, op)
         await asyncio.sleep(POLICY_STATUS_INTERVAL)
 
 
+async def _write_once(api: client.CustomObjectsApi, op: Any) -> None:
+    bodies = list(op.store("policies").values())
+    patches = desired_statuses(bodies, namespaces_of(op.store("namespaces")), datetime.now(UTC))
+    for name, patch in patches.items():
+        try:
+            await asyncio.to_thread(
+                api.patch_cluster_custom_object_status,
+                GROUP, VERSION, POLICIES, name, {"status": patch},
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as err:
+            if err.status != 404:  # a deleted policy needs no status
+                log.warning("status of GPUMemoryPolicy %s: %s %s", name, err.status, err.reason)
+
+
 @kopf.on.startup()
-async def policy_status_startup(memo: kopf.Memo, **kwargs: Any) -> None:
+async def policy_status_startup(memo: kopf.Memo, **_: Any) -> None:
     """Start the policy status writer: every few seconds, each policy's status
-    is computed from the indexes and written when it differs. A loop of its own
-    rather than a kopf timer, because kopf puts a finalizer on the objects its
-    timers serve: a policy could not be deleted while the operator is down."""
-    task = asyncio.create_task(
-        _write_statuses(memo, kwargs["policy_status_index"], kwargs["namespace_index"]),
-        name="vramguard-policy-status",
-    )
-    memo["policy_status_task"] = task
+    is computed from the watched policies and namespaces and written when it
+    differs. A loop of its own rather than a kopf timer, because kopf puts a
+    finalizer on the objects its timers serve: a policy could not be deleted
+    while the operator is down."""
+    memo["policy_status_task"] = asyncio.create_task(_write_statuses(memo), name="vramguard-policy-status")
 
 
 @kopf.on.cleanup()

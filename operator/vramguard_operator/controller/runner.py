@@ -51,9 +51,10 @@ def run(settings: OperatorSettings) -> int:
               f"{settings.metrics_port}: {err}", file=sys.stderr)
         return 1
     kopf.run(
-        standalone=True,  # always: one replica, no peering (docs/operator.md)
-        clusterwide=not settings.namespaces,
-        namespaces=list(settings.namespaces),
+        standalone=True,  # always: no kopf peering (shards are vramguard's own, docs/operator.md)
+        # kopf watches nothing itself (vramguard's informers do, and they apply -n);
+        # cluster-wide only says where its admission handlers may be called from
+        clusterwide=True,
         liveness_endpoint=settings.liveness or None,
         memo=kopf.Memo(settings=settings, metrics=process_metrics()),
     )

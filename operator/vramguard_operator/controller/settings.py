@@ -37,9 +37,13 @@ _DURATIONS = (
      "wait before retrying an eviction a PodDisruptionBudget refused"),
     ("--request-timeout", "VRAMGUARD_REQUEST_TIMEOUT", "10s", "timeout of each API call the actions make"),
     ("--watch-timeout", "VRAMGUARD_WATCH_TIMEOUT", "5m",
-     "server-side timeout of kopf's watches (they are re-established)"),
+     "server-side timeout of the watches (they are re-established from the last version seen)"),
     ("--evaluation-timeout", "VRAMGUARD_EVALUATION_TIMEOUT", "30s",
      "longest time one budget's evaluation may take; one that takes longer is held and reported"),
+    ("--status-refresh", "VRAMGUARD_STATUS_REFRESH", "30s",
+     "longest a budget status's usage figures wait to be written (conditions and violations: at once)"),
+    ("--lease-duration", "VRAMGUARD_LEASE_DURATION", "30s",
+     "with --shards: an unrenewed shard Lease is taken over after this (at least twice --request-timeout)"),
 )
 MIN_STATE_KEY_BYTES = 16
 
@@ -60,6 +64,9 @@ class OperatorConfig:
     longest one budget's evaluation (or another stage of a group's) may take
     (``isolation``). ``state_key_file``: the file holding the key that seals
     the state written on pods (``""``: none), and ``state_key`` its content.
+    ``status_refresh``: longest a budget status's changed usage figures wait
+    to be written. ``unlabelled_pods``: also watch pods without the webhook's
+    ``vramguard.io/gpu-pod`` label (docs/operator.md, "Which pods are watched").
     """
 
     evaluation_period: float = 5.0
@@ -72,6 +79,8 @@ class OperatorConfig:
     evaluation_timeout: float = 30.0
     state_key_file: str = ""
     state_key: bytes | None = field(default=None, repr=False)
+    status_refresh: float = 30.0
+    unlabelled_pods: bool = True
 
     def engine(self) -> EngineConfig:
         """The engine's settings."""
@@ -125,7 +134,10 @@ class OperatorSettings:
     namespaces watched (kopf glob patterns; empty: every namespace); kopf's
     ``liveness`` endpoint (``""``: none); the Prometheus server's port (0:
     none) and address; kopf's watch timeout (seconds); the admission
-    webhooks (None: not served); the log level flags."""
+    webhooks (None: not served); the namespace shards (``shards``, this
+    replica's ``shard_identity``, the Leases' ``lease_namespace`` and
+    ``lease_duration``; empty identity and namespace: ``POD_NAME`` and
+    ``POD_NAMESPACE``, else the host name and ``default``); the log level flags."""
 
     config: OperatorConfig = field(default_factory=OperatorConfig)
     namespaces: tuple[str, ...] = ()
@@ -134,6 +146,10 @@ class OperatorSettings:
     metrics_address: str = "0.0.0.0"
     watch_timeout: float = 300.0
     webhook: WebhookConfig | None = None
+    shards: int = 1
+    shard_identity: str = ""
+    lease_namespace: str = ""
+    lease_duration: float = 30.0
     verbose: bool = False
     debug: bool = False
     quiet: bool = False
@@ -181,7 +197,8 @@ def parameters() -> list[click.Parameter]:
     return [
         click.Option(["-A", "--all-namespaces"], is_flag=True, help="watch every namespace (default)"),
         click.Option(["-n", "--namespace"], multiple=True, metavar="PATTERN",
-                     help="watch these namespaces only (repeatable; kopf glob patterns such as 'ml-*')"),
+                     help="watch these namespaces only (repeatable; glob patterns such as 'ml-*')"),
+        env("--namespaces", "VRAMGUARD_NAMESPACES", "", hidden=True),
         click.Option(["--standalone"], is_flag=True, default=True,
                      help="accepted for compatibility and does nothing: the operator always runs without "
                      "kopf peering (standalone; one replica only)"),
@@ -208,6 +225,15 @@ def parameters() -> list[click.Parameter]:
         env("--state-key-file", "VRAMGUARD_STATE_KEY_FILE", "", type=KeyFile(),
             help="file holding the key that seals the escalation state the operator writes on pods "
             "(docs/operator.md, 'Forged state'); '' for none (env VRAMGUARD_STATE_KEY_FILE)"),
+        env("--unlabelled-pods", "VRAMGUARD_UNLABELLED_PODS", "watch", type=click.Choice(["watch", "ignore"]),
+            help="pods without the webhook's vramguard.io/gpu-pod label: watch (default) or ignore "
+            "(env VRAMGUARD_UNLABELLED_PODS)"),
+        env("--shards", "VRAMGUARD_SHARDS", "1", type=WholeNumber(1),
+            help="namespace shards, one Lease each; run this many replicas (env VRAMGUARD_SHARDS; default 1)"),
+        env("--shard-identity", "VRAMGUARD_SHARD_IDENTITY", "",
+            help="this replica's name in the shard Leases (env VRAMGUARD_SHARD_IDENTITY; default $POD_NAME)"),
+        env("--lease-namespace", "VRAMGUARD_LEASE_NAMESPACE", "",
+            help="namespace of the shard Leases (env VRAMGUARD_LEASE_NAMESPACE; default $POD_NAMESPACE)"),
         *_webhook_parameters(),
         click.Option(["-v", "--verbose"], is_flag=True, help="log at DEBUG level"),
         click.Option(["-d", "--debug"], is_flag=True, help="DEBUG, with asyncio's logs"),
@@ -245,6 +271,8 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
     Raises ``click.UsageError`` for flags that exclude each other (``-A`` and
     ``-n``; ``-v``, ``-d`` and ``-q``)."""
     _one_of(params, "all_namespaces", "namespace")
+    namespaces = tuple(params["namespace"]) or tuple(
+        p for p in params["namespaces"].replace(",", " ").split() if p)
     _one_of(params, "verbose", "debug", "quiet")
     config = OperatorConfig(
         evaluation_period=params["evaluation_period"],
@@ -259,6 +287,8 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
         evaluation_timeout=params["evaluation_timeout"],
         state_key_file=params["state_key_file"],
         state_key=read_key(params["state_key_file"]) if params["state_key_file"] else None,
+        status_refresh=params["status_refresh"],
+        unlabelled_pods=params["unlabelled_pods"] == "watch",
     )
     webhook = None
     if params["webhook_port"] is not None:
@@ -272,12 +302,16 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
         )
     return OperatorSettings(
         config=config,
-        namespaces=tuple(params["namespace"]),
+        namespaces=() if params["all_namespaces"] else namespaces,
         liveness=params["liveness"],
         metrics_port=params["metrics_port"],
         metrics_address=params["metrics_address"],
         watch_timeout=params["watch_timeout"],
         webhook=webhook,
+        shards=params["shards"],
+        shard_identity=params["shard_identity"],
+        lease_namespace=params["lease_namespace"],
+        lease_duration=params["lease_duration"],
         verbose=params["verbose"],
         debug=params["debug"],
         quiet=params["quiet"],

@@ -23,9 +23,11 @@ Two ways to run (``WebhookConfig``):
   ``MutatingWebhookConfiguration`` ``vramguard.io`` pointing at ``host:port``,
   with a CA and certificate generated into the TLS directory (``certs``).
 
-The handlers read the operator's kopf indexes (``handlers``: policies,
-namespaces, budgets, reports; ``policy_handlers``: GPU nodes); they are
-``async`` so that they read them on the event loop, where kopf updates them.
+The handlers read the operator's watched objects (``watches``: policies,
+namespaces, budgets, reports, GPU nodes) through copies of the informers'
+stores (``assembly.Operator.store``). The mutating webhook also labels every
+GPU pod ``vramguard.io/gpu-pod: "true"``, the label the operator's pod watch
+selects (docs/operator.md, "Which pods are watched").
 """
 
 from __future__ import annotations
@@ -39,15 +41,16 @@ import jsonpatch
 import kopf
 
 from vramguard_api import BUDGETS, GROUP, VERSION
-from vramguard_operator.controller import handlers, policy_handlers  # noqa: F401  (register the indexes read here)
+from vramguard_operator.controller import handlers  # noqa: F401  (registers the parts read here)
 from vramguard_operator.controller.certs import TLSFiles, ensure_certificates
 from vramguard_operator.controller.handlers import operator_settings
 from vramguard_operator.controller.index_views import budgets_of, labels_of, nodes_of, policies_of
 from vramguard_operator.controller.kubeapi import plain
 from vramguard_operator.controller.settings import WebhookConfig
 from vramguard_operator.policy.merge import merge
-from vramguard_operator.policy.mutation import admission_limit, mutate_pod
+from vramguard_operator.policy.mutation import admission_limit, gpu_pod_label_ops, mutate_pod
 from vramguard_operator.policy.request import PodGPURequest
+from vramguard_operator.policy.sharers import may_use_gpu
 from vramguard_operator.policy.shares import candidate_nodes
 from vramguard_operator.policy.validation import check_budget, format_errors, throttled_jobs, validate_pod
 
@@ -97,16 +100,15 @@ async def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_:
 async def validate_budget_webhook(
     body: kopf.Body,
     warnings: list[str],
+    memo: kopf.Memo,
     old: kopf.Body | None = None,
-    policy_index: Any = None,
-    namespace_index: Any = None,
     **_: Any,
 ) -> None:
     """Reject a budget above its policies' ceilings (an UPDATE that leaves the
     spec as it was is admitted, with the same warnings)."""
     obj = plain(body)
     ns = (obj.get("metadata") or {}).get("namespace") or ""
-    result = check_budget(obj, policies_of(policy_index), labels_of(namespace_index, ns))
+    result = check_budget(obj, policies_of(_store(memo, "policies")), labels_of(_store(memo, "namespaces"), ns))
     warnings.extend(result.warnings)
     unchanged = old is not None and plain(old).get("spec") == obj.get("spec")
     if result.errors and not unchanged:
@@ -115,20 +117,14 @@ async def validate_budget_webhook(
 
 
 @kopf.on.validate("pods", id="validate-pod", operations=["CREATE"], ignore_failures=True)
-async def validate_pod_webhook(
-    body: kopf.Body,
-    policy_index: Any = None,
-    namespace_index: Any = None,
-    budget_index: Any = None,
-    **_: Any,
-) -> None:
+async def validate_pod_webhook(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Reject a new pod of a job whose total budget is throttled."""
     pod = plain(body)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
-    merged = merge(policies_of(policy_index), ns, labels_of(namespace_index, ns))
+    merged = merge(policies_of(_store(memo, "policies")), ns, labels_of(_store(memo, "namespaces"), ns))
     if merged.exempt:
         return
-    reason = validate_pod(pod, throttled_jobs(budgets_of(budget_index, ns)))
+    reason = validate_pod(pod, throttled_jobs(budgets_of(_store(memo, "budgets"), ns)))
     if reason is not None:
         raise kopf.AdmissionError(reason, code=403)
 
@@ -138,30 +134,31 @@ def _apply_ops(ops: list[dict[str, Any]], raw: Any) -> None:
 
 
 @kopf.on.mutate("pods", id="mutate-pod", operations=["CREATE"], ignore_failures=True)
-async def mutate_pod_webhook(
-    body: kopf.Body,
-    patch: kopf.Patch,
-    policy_index: Any = None,
-    namespace_index: Any = None,
-    report_index: Any = None,
-    gpu_node_index: Any = None,
-    **_: Any,
-) -> None:
-    """Inject framework memory caps into a GPU pod where a policy opts in."""
+async def mutate_pod_webhook(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Label a GPU pod for the operator's pod watch, and inject framework
+    memory caps into it where a policy opts in."""
     pod = plain(body)
-    ns = (pod.get("metadata") or {}).get("namespace") or ""
-    merged = merge(policies_of(policy_index), ns, labels_of(namespace_index, ns))
-    if merged.exempt or merged.inject_framework_caps is None:
+    if not may_use_gpu(pod):  # GPU resources, a sharer's annotations or a ResourceClaim
         return
     req = PodGPURequest.from_api(pod)
-    if not req.is_gpu_pod:
-        return
-    nodes = candidate_nodes(pod, nodes_of(gpu_node_index, report_index))
-    limit, facts = admission_limit(req, nodes, merged)
-    ops, record = mutate_pod(pod, limit, facts, req.gpu_containers)
+    ops = gpu_pod_label_ops(pod)
+    ns = (pod.get("metadata") or {}).get("namespace") or ""
+    merged = merge(policies_of(_store(memo, "policies")), ns, labels_of(_store(memo, "namespaces"), ns))
+    record = None
+    if not merged.exempt and merged.inject_framework_caps is not None and req.is_gpu_pod:
+        nodes = candidate_nodes(pod, nodes_of(_store(memo, "nodes"), _store(memo, "reports")))
+        limit, facts = admission_limit(req, nodes, merged)
+        caps, record = mutate_pod(pod, limit, facts, req.gpu_containers)
+        ops += caps
     if ops:
         patch.fns.append(functools.partial(_apply_ops, ops))
+    if record is not None:
         log.info("pod %s/%s: injected %s", ns, _pod_name(pod), record)
+
+
+def _store(memo: kopf.Memo, kind: str) -> dict[Any, Any]:
+    op = memo.get("operator")
+    return {} if op is None else op.store(kind)
 
 
 def _pod_name(pod: Mapping[str, Any]) -> str:

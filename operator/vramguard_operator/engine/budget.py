@@ -16,7 +16,7 @@ from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWa
 from vramguard_operator.engine import cap_steps, steps
 from vramguard_operator.engine import ladder as lad
 from vramguard_operator.engine import warnings as warn
-from vramguard_operator.engine.inputs import PodFacts
+from vramguard_operator.engine.inputs import PodFacts, QuietPods
 from vramguard_operator.engine.keys import BudgetRef
 from vramguard_operator.engine.measure import BudgetLimits, Node, budget_measures
 from vramguard_operator.engine.records import (
@@ -47,6 +47,7 @@ def evaluate_budget(
     state: PassState,
     device_limits: Mapping[str, int] | None = None,
     soft_limits: bool = False,
+    quiet: QuietPods | None = None,
 ) -> BudgetResult:
     """Evaluate ``budget`` against the pods of its namespace (``ns_pods``, sorted
     by name) and the nodes' reports. ``acting``: steps fire for real (the
@@ -54,10 +55,11 @@ def evaluate_budget(
     effective mode is Enforce. ``device_limits``: bytes by device UUID that
     replace ``perDevice`` on those devices (``EngineInput.device_limits``).
     ``soft_limits``: the policy asks for soft limits at the shares (for a
-    budget that leaves ``enforcement.softLimits`` unset). Raises
-    ``InvalidSpec`` (naming the field and the value) for a spec that cannot be
-    evaluated; the driver holds such a budget (``HeldBudget``) and keeps the
-    memory limits of the pods it holds."""
+    budget that leaves ``enforcement.softLimits`` unset). ``quiet``: what the
+    selected pods left out of ``ns_pods`` add to the status
+    (``EngineInput.quiet``). Raises ``InvalidSpec`` (naming the field and the
+    value) for a spec that cannot be evaluated; the driver holds such a budget
+    (``HeldBudget``) and keeps the memory limits of the pods it holds."""
     meta = budget.metadata
     ref = BudgetRef(meta.namespace or "", meta.name or "", meta.uid or "")
     spec = budget.spec
@@ -91,8 +93,9 @@ def evaluate_budget(
     kept, new = warn.settle(candidates, state.config.max_status_entries, w.now)
     for m in new:
         steps.warn(w, m, limits.threshold)
-    status, unwritten = _status(w, budget, len(matched), enforce, kept, len(candidates))
-    return w.result(status, unwritten, len(matched), Selection(ref, budget, limits, matched))
+    q = quiet or QuietPods()
+    status, unwritten = _status(w, budget, (len(matched), q), enforce, kept, len(candidates))
+    return w.result(status, unwritten, len(matched) + q.matched, Selection(ref, budget, limits, matched))
 
 
 def _load_records(w: BudgetWork, budget: GPUMemoryBudget, ns_pods: list[PodFacts]) -> None:
@@ -207,10 +210,16 @@ def _unmeasured(w: BudgetWork, ns_pods: list[PodFacts], selected: set[str]) -> N
 
 
 def _status(
-    w: BudgetWork, budget: GPUMemoryBudget, matched: int, enforce: bool, kept: list[LimitWarning], count: int
+    w: BudgetWork,
+    budget: GPUMemoryBudget,
+    matched: tuple[int, QuietPods],
+    enforce: bool,
+    kept: list[LimitWarning],
+    count: int,
 ) -> tuple[GPUMemoryBudgetStatus, GPUMemoryBudgetStatus | None]:
     """The budget's status, and the status should the pods' writes of the steps
     fired now fail (None when none fired): the status follows the pods.
+    ``matched``: the pods given it selects and the sum of those left out;
     ``kept``: the warnings kept, of ``count`` in all."""
 
     def entry(rec: ViolationRecord) -> Violation:
@@ -220,8 +229,10 @@ def _status(
         cap = cap_steps.cap_status(w, rec, m) if known and m is not None else None
         return violation_entry(rec, m, lambda r, mm: steps.next_of(w, r, mm), impossible, cap)
 
+    given, quiet = matched
+
     def build(records: list[ViolationRecord]) -> GPUMemoryBudgetStatus:
-        facts = StatusFacts(matched, w.data, enforce, records, w.measured, kept, count)
+        facts = StatusFacts(given + quiet.matched, w.data, enforce, records, w.measured, kept, count, quiet)
         return budget_status(budget, facts, w.now, w.config.max_status_entries, entry)
 
     status = build(list(w.next_records.values()))

@@ -130,9 +130,11 @@ def _evaluate_or_hold(
     ns, uid = meta.namespace or "", meta.uid or ""
     acting = inp.policy.mode == "Enforce" and budget.spec.enforcement.mode == "Enforce"
     exempt = ns in inp.policy.exempt_namespaces
-    named, soft = inp.device_limits.get(uid, {}), inp.policy.soft_limits
+    named, soft, quiet = inp.device_limits.get(uid, {}), inp.policy.soft_limits, inp.quiet.get(uid)
     try:
-        return evaluate_budget(budget, ns_pods, nodes, acting and not exempt, acting, run.state(), named, soft)
+        return evaluate_budget(
+            budget, ns_pods, nodes, acting and not exempt, acting, run.state(), named, soft, quiet
+        )
     except InvalidSpec as err:
         return HeldBudget(uid, C.REASON_INVALID_SPEC, str(err))
     except Exception as err:  # isolation: the budget is held, everything else goes on

@@ -151,6 +151,26 @@ def _container_facts(container: Mapping[str, Any]) -> ContainerFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class QuietPods:
+    """Pods a budget selects that the caller leaves out of ``EngineInput.pods``
+    because none can change the budget's decisions (``engine.quiet.quiet_pod``
+    says which, and what each adds): the engine adds them to the budget's status.
+
+    ``matched``: selected pods not finished; ``vram_bytes``/``ram_bytes``: the
+    sum of their usage where it is known, ``vram_known``/``ram_known``: of how
+    many; ``stale_nodes``/``missing_nodes``: their nodes whose report is stale
+    or missing (for the DataStale condition)."""
+
+    matched: int = 0
+    vram_bytes: int = 0
+    vram_known: int = 0
+    ram_bytes: int = 0
+    ram_known: int = 0
+    stale_nodes: frozenset[str] = frozenset()
+    missing_nodes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class HeldBudget:
     """A budget that is not evaluated this time, and why: its spec does not
     parse (``InvalidSpec``), its evaluation raised (``EvaluationFailed``) or ran
@@ -186,13 +206,15 @@ class EngineInput:
     pod that no budget limits on the device. The pressure rule compares the
     pods on a device, so it needs them all in one evaluation: callers that
     evaluate subsets pass every pod sharing a device with one evaluated
-    (docs/device-pressure.md).
-    those devices only. ``held``: by (namespace, name), budgets not to
+    (docs/device-pressure.md). ``held``: by (namespace, name), budgets not to
     evaluate (``HeldBudget``); one given in ``budgets`` too gets the status
     Ready=False with the reason, one that is not (its spec does not parse)
     only keeps its records. ``unknown_nodes``: by node name, why the data of a
     node cannot be believed whatever its report says (two reports claim it,
     its report does not parse): no action on its pods, as on a stale report.
+    ``quiet``: by budget uid, what the selected pods left out of ``pods`` add
+    to the budget's status (``QuietPods``: the running totals of incremental
+    evaluation; a pod left out must be one ``engine.quiet.quiet_pod`` allows).
     """
 
     budgets: tuple[GPUMemoryBudget, ...]
@@ -206,3 +228,4 @@ class EngineInput:
     device_shares: Mapping[str, int] = field(default_factory=dict)
     held: Mapping[tuple[str, str], HeldBudget] = field(default_factory=dict)
     unknown_nodes: Mapping[str, str] = field(default_factory=dict)
+    quiet: Mapping[str, QuietPods] = field(default_factory=dict)

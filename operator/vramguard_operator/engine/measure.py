@@ -287,21 +287,19 @@ def budget_measures(
     every budget, and a generator per pod would cost more than the checks.)"""
     over, margin, thr = lim.overshoot, lim.margin, lim.threshold
     pod_vram, pod_ram, per_device, named = lim.pod_vram, lim.pod_ram, lim.per_device, lim.device_limits
-    vram_quiet = -1 if pod_vram is None else thr * pod_vram
-    ram_quiet = -1 if pod_ram is None else thr * pod_ram
     for d in data:
         pn = d.pod.name
         quiet = pn not in touched
-        if pod_vram is not None and not (quiet and (d.vram is None or d.vram < vram_quiet)):
+        if pod_vram is not None and not (quiet and below(d.vram, pod_vram, thr)):
             yield limit_measure(ViolationKey(namespace, name, "PodVRAM", pn), d.vram, pod_vram, over, margin, d)
-        if pod_ram is not None and not (quiet and (d.ram is None or d.ram < ram_quiet)):
+        if pod_ram is not None and not (quiet and below(d.ram, pod_ram, thr)):
             yield limit_measure(ViolationKey(namespace, name, "PodRAM", pn), d.ram, pod_ram, over, margin, d)
         if per_device is not None or named:
             for uuid, used, usable in d.devices:
                 limit = lim.device_limit(uuid, usable)
                 if limit is None and (per_device is None or uuid in named):
                     continue  # no limit on this device
-                if quiet and (used is None or limit is None or used < thr * limit):
+                if quiet and below(used, limit, thr):
                     continue
                 key = ViolationKey(namespace, name, "DeviceVRAM", pn, uuid)
                 if limit is None:
@@ -311,6 +309,25 @@ def budget_measures(
         if lim.leak is not None and not (quiet and (d.trend is None or d.vram is None)):
             yield leak_measure(ViolationKey(namespace, name, "Leak", pn), d, lim, now)
     yield from _total_measures(lim, namespace, name, data)
+
+
+def below(value: int | None, limit: int | None, threshold: float) -> bool:
+    """Whether ``value`` can raise neither a warning nor a violation of ``limit``:
+    unknown, no limit, or below ``threshold`` × ``limit`` (the fast path of
+    ``budget_measures``, and of ``quiet``)."""
+    return value is None or limit is None or value < threshold * limit
+
+
+def silent(lim: BudgetLimits, d: PodData) -> bool:
+    """Whether no limit of a budget (``lim``, without named device limits) can
+    measure ``d`` for a pod without state in the budget: every per-pod and
+    per-device value takes the fast path, and no leak trend is read."""
+    thr = lim.threshold
+    if not (below(d.vram, lim.pod_vram, thr) and below(d.ram, lim.pod_ram, thr)):
+        return False
+    if lim.leak is not None and d.trend is not None and d.vram is not None:
+        return False
+    return all(below(used, lim.device_limit(uuid, usable), thr) for uuid, used, usable in d.devices)
 
 
 def _total_measures(lim: BudgetLimits, namespace: str, name: str, data: list[PodData]) -> Iterator[Measure]:

@@ -5,7 +5,7 @@ warnings, each list bounded (docs/engine.md, "Budget status")."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from vramguard_api import conditions as C
@@ -21,10 +21,12 @@ from vramguard_api.budget import (
 from vramguard_api.units import format_bytes
 from vramguard_operator.engine import budget_status as bs
 from vramguard_operator.engine import messages
+from vramguard_operator.engine.inputs import QuietPods
 from vramguard_operator.engine.keys import ViolationKey
 from vramguard_operator.engine.measure import Measure, PodData
 from vramguard_operator.engine.records import ViolationRecord, step_rank
 
+NO_QUIET = QuietPods()
 NextStep = Callable[[ViolationRecord, Measure | None], tuple[Action | None, datetime | None]]
 
 
@@ -32,7 +34,9 @@ NextStep = Callable[[ViolationRecord, Measure | None], tuple[Action | None, date
 class StatusFacts:
     """What a budget's status is built from: the pods it selects and measured
     (``data``), whether it enforces, its records after this evaluation, the
-    measurements, the warnings kept and how many there were in all."""
+    measurements, the warnings kept and how many there were in all, and the
+    sum of the selected pods left out of the evaluation (``EngineInput.quiet``;
+    counted in ``matched``)."""
 
     matched: int
     data: Sequence[PodData]
@@ -41,6 +45,7 @@ class StatusFacts:
     measured: Mapping[ViolationKey, Measure]
     warnings: Sequence[LimitWarning]
     warning_count: int
+    quiet: QuietPods = field(default_factory=QuietPods)
 
 
 def budget_status(
@@ -64,8 +69,9 @@ def budget_status(
         f"{w.kind} {w.pod or 'total'} {format_bytes(w.observed_bytes)}/{format_bytes(w.limit_bytes)}"
         for w in facts.warnings[:20]
     ) + (f"; and {more} more" if more > 0 else "")
-    stale = sorted({d.pod.node_name or "" for d in facts.data if d.state == "Stale"})
-    missing = sorted({d.pod.node_name or "" for d in facts.data if d.state == "Missing"})
+    q = facts.quiet
+    stale = sorted({d.pod.node_name or "" for d in facts.data if d.state == "Stale"} | q.stale_nodes)
+    missing = sorted({d.pod.node_name or "" for d in facts.data if d.state == "Missing"} | q.missing_nodes)
     invalid = {d.pod.node_name or "": d.reason or "" for d in facts.data if d.state == "Invalid"}
     mode: Mode = "Enforce" if facts.enforce else "DryRun"
     wanted = [
@@ -81,20 +87,22 @@ def budget_status(
         conditions=bs.settle_conditions(wanted, prev.conditions, gen, now),
         effectiveMode=mode,
         matchedPods=facts.matched,
-        usage=usage(facts.data, budget),
+        usage=usage(facts.data, budget, q),
         openViolations=len(opened),
         violations=violations or None,
         warnings=list(facts.warnings) or None,
     )
 
 
-def usage(data: Sequence[PodData], budget: GPUMemoryBudget) -> BudgetUsage:
-    """VRAM and RAM summed over the measured pods, and as text against the total limit."""
+def usage(data: Sequence[PodData], budget: GPUMemoryBudget, quiet: QuietPods | None = None) -> BudgetUsage:
+    """VRAM and RAM summed over the measured pods (and the ``quiet`` ones left
+    out), and as text against the total limit."""
+    quiet = quiet or NO_QUIET
     vram = [d.vram for d in data if d.vram is not None]
     ram = [d.ram for d in data if d.ram is not None]
     tot = budget.spec.limits.total
-    vram_sum = sum(vram) if vram else None
-    ram_sum = sum(ram) if ram else None
+    vram_sum = sum(vram) + quiet.vram_bytes if vram or quiet.vram_known else None
+    ram_sum = sum(ram) + quiet.ram_bytes if ram or quiet.ram_known else None
     return BudgetUsage(
         vramBytes=vram_sum,
         ramBytes=ram_sum,

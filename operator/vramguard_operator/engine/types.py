@@ -73,6 +73,7 @@ from vramguard_operator.engine.inputs import (
     EngineInput,
     HeldBudget,
     PodFacts,
+    QuietPods,
 )
 from vramguard_operator.engine.keys import (
     ANNOTATION_MEMORY_LIMITS,
@@ -178,6 +179,7 @@ __all__ = [
     "PodFacts",
     "PodMemoryLimits",
     "PodPatch",
+    "QuietPods",
     "PodRef",
     "PressureRule",
     "Recover",

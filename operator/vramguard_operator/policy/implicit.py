@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -85,6 +85,12 @@ class ImplicitBudget:
         """Bytes per device UUID, for the limits a grant sets on named devices."""
         prefix = device_key("")[:-1]
         return {k[len(prefix) : -1]: clamp_limit_bytes(v.bytes) for k, v in self.limits.items() if k.startswith(prefix)}
+
+
+MakeImplicit = Callable[
+    [Mapping[str, Any], NodeFacts | None, MergedPolicy, Grants | None, bool, bool], "ImplicitBudget | None"
+]
+"""``implicit_budget``'s signature: (pod, node, merged, grants, selected, claims_gpu)."""
 
 
 def is_implicit(uid: str | None) -> bool:
@@ -243,12 +249,16 @@ def build_implicit(
     merged: Mapping[str, MergedPolicy],
     grants: Mapping[str, Grants] | None = None,
     claimed: Mapping[str, frozenset[str]] | None = None,
+    make: MakeImplicit | None = None,
 ) -> list[ImplicitBudget]:
     """Implicit budgets for every scheduled, unfinished GPU pod that no budget
     selects, and ``allocation:`` budgets for the selected ones that were granted
     memory. ``merged``: the merged policy per namespace (a namespace missing
     from it gets no defaults: ``MergedPolicy(namespace)``); ``grants``: by pod
-    uid; ``claimed``: the GPU UUIDs each pod holds through DRA claims, by uid."""
+    uid; ``claimed``: the GPU UUIDs each pod holds through DRA claims, by uid.
+    ``make``: what builds one pod's implicit budget (``implicit_budget``, or
+    a cache of it: ``rules.RuleCache.implicit``)."""
+    make = make or implicit_budget
     taken = selected_uids(pods, budgets)
     out = []
     for pod in pods:
@@ -259,7 +269,7 @@ def build_implicit(
         uid, ns = meta.get("uid") or "", meta.get("namespace") or ""
         node, policy = nodes.get(spec["nodeName"]), merged.get(ns, MergedPolicy(ns))
         held = bool((claimed or {}).get(uid))
-        found = implicit_budget(pod, node, policy, (grants or {}).get(uid), selected=uid in taken, claims_gpu=held)
+        found = make(pod, node, policy, (grants or {}).get(uid), uid in taken, held)
         if found is not None:
             out.append(found)
     return out

@@ -47,6 +47,10 @@ from vramguard_operator.policy.request import RESOURCE_GPU, PodGPURequest
 from vramguard_operator.policy.shares import per_device_limit
 
 ANNOTATION_INJECTED = "vramguard.io/injected"
+GPU_POD_LABEL = "vramguard.io/gpu-pod"
+"""Set to ``"true"`` by the mutating webhook on every pod that requests a GPU:
+the operator's pod watch selects it, so that other pods are never sent to the
+operator (docs/operator.md, "Which pods are watched")."""
 CONTEXT_HEADROOM_BYTES = 512 * MiB
 
 XLA_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
@@ -206,3 +210,15 @@ def _cuda_total(req: PodGPURequest, node: NodeFacts) -> int | None:
     if sizes:
         return min(sizes)
     return node.device_total()
+
+
+def gpu_pod_label_ops(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch (RFC 6902 ops) that sets ``GPU_POD_LABEL`` to ``"true"``
+    on a pod (empty when it is already set)."""
+    labels = (pod.get("metadata") or {}).get("labels")
+    if labels is None:
+        return [{"op": "add", "path": "/metadata/labels", "value": {GPU_POD_LABEL: "true"}}]
+    if labels.get(GPU_POD_LABEL) == "true":
+        return []
+    return [{"op": "add", "path": "/metadata/labels/" + GPU_POD_LABEL.replace("~", "~0").replace("/", "~1"),
+             "value": "true"}]

@@ -65,6 +65,7 @@ from vramguard_operator.policy.merge import MergedPolicy, merge
 from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.pressure import device_shares, namespace_rules
 from vramguard_operator.policy.ratelimit import EvictionLimiter
+from vramguard_operator.policy.rules import RuleCache
 from vramguard_operator.policy.sharers import kai_group_devices, sharer_grants
 
 
@@ -120,16 +121,19 @@ def mode_source(budget: GPUMemoryBudget, merged: MergedPolicy) -> str:
 
 
 def pod_grants(
-    gpu_pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, NodeFacts], allocations: Allocations
+    gpu_pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, NodeFacts], allocations: Allocations,
+    rules: RuleCache | None = None,
 ) -> tuple[dict[str, Grants], ClaimGrants]:
-    """Every pod's grants (sharers' and DRA claims'), by pod uid, and the claims' view."""
+    """Every pod's grants (sharers' and DRA claims'), by pod uid, and the claims'
+    view (``rules``: sharers' grants kept from earlier evaluations)."""
     claimed = claim_grants(gpu_pods, allocations.claims, allocations.slices, allocations.dra)
     groups = kai_group_devices(allocations.kai_reservations)
+    sharers = rules.grants if rules else sharer_grants
     out = {}
     for pod in gpu_pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         uid = meta.get("uid") or ""
-        found = sharer_grants(pod, nodes.get(spec.get("nodeName") or ""), groups)
+        found = sharers(pod, nodes.get(spec.get("nodeName") or ""), groups)
         found = found.plus(claimed.grants.get(uid, Grants()))
         if found or found.problems:
             out[uid] = found
@@ -144,26 +148,30 @@ def prepare(
     merged: Mapping[str, MergedPolicy],
     previous: Mapping[str, GPUMemoryBudgetStatus] | None = None,
     allocations: Allocations | None = None,
+    rules: RuleCache | None = None,
 ) -> PolicyView:
     """Apply the merged policies (by namespace) and the pods' grants to one
     evaluation's budgets and pods. ``gpu_pods``: the GPU pods of the same
     namespaces as Pod dicts (at least metadata, ``spec.nodeName``,
     ``spec.resourceClaims``, containers' resources, ``status.phase`` and
     ``status.resourceClaimStatuses``). ``previous``: implicit budgets' last
-    statuses by budget uid."""
+    statuses by budget uid. ``rules``: the budgets under ceilings and implicit
+    budgets kept from earlier evaluations (the same results, built only when
+    their inputs change)."""
     out, sources, problems = [], {}, []
     for b in budgets:
         ns, name = b.metadata.namespace or "", b.metadata.name or ""
         policy = merged.get(ns, MergedPolicy(ns))
         try:
-            eff, limit_sources = effective_budget(b, policy)
+            eff, limit_sources = rules.effective(b, policy) if rules else effective_budget(b, policy)
         except ValueError as err:
             problems.append(f"GPUMemoryBudget {ns}/{name}: ceilings not applied: {err}")
             eff, limit_sources = b, {}
         out.append(eff)
         sources[(ns, name)] = (limit_sources, mode_source(b, policy))
-    grants, claimed = pod_grants(gpu_pods, nodes, allocations or Allocations())
-    implicit = build_implicit(gpu_pods, budgets, nodes, merged, grants, claimed.devices)
+    grants, claimed = pod_grants(gpu_pods, nodes, allocations or Allocations(), rules)
+    make = rules.implicit if rules else None
+    implicit = build_implicit(gpu_pods, budgets, nodes, merged, grants, claimed.devices, make)
     live = {(p.get("metadata") or {}).get("uid") or "": p for p in gpu_pods if _scheduled(p)}
     claims = claim_budgets(claimed.shared, live, claimed.devices, merged)
     prev = previous or {}

@@ -20,7 +20,7 @@ class TokenBucket:
     tokens per second (``per_minute`` 0: never refilled). Times are seconds on
     a monotonic clock, passed in by the caller."""
 
-    def __init__(self, per_minute: float, burst: int, now: float) -> None:
+    def __init__(self, per_minute: float, burst: float, now: float) -> None:
         if per_minute < 0 or burst < 1:
             raise ValueError(f"evictionRateLimit: perMinute {per_minute} / burst {burst} invalid")
         self.per_minute = float(per_minute)
@@ -49,7 +49,7 @@ class TokenBucket:
         self._refill(now)
         self.tokens = min(float(self.burst), self.tokens + 1.0)
 
-    def reconfigure(self, per_minute: float, burst: int, now: float) -> None:
+    def reconfigure(self, per_minute: float, burst: float, now: float) -> None:
         """New rate and burst; the tokens held are kept, capped at the new burst."""
         self._refill(now)
         self.per_minute, self.burst = float(per_minute), burst
@@ -72,6 +72,12 @@ class EvictionLimiter:
     (``burst`` tokens each), so a crash-looping operator could evict up to
     ``burst`` pods per start and scope; the restart back-off of the kubelet
     and the Deployment bound that.
+
+    With namespace shards (``shards``), each replica holding ``k`` of ``N``
+    shards gets ``share`` = k/N of every limit: ``perMinute`` × share, and a
+    burst of ``burst`` × share but at least one token (an eviction needs a
+    whole token). So the shards together never evict faster than the
+    policy's rate; their bursts add up to at most ``max(burst, N)``.
     """
 
     DEFAULT_SCOPE = ""
@@ -84,22 +90,36 @@ class EvictionLimiter:
     ) -> None:
         self.clock = clock
         self.retry_seconds = retry_seconds
+        self.share = 1.0
+        self.default = default
+        self.limits: dict[str, EvictionRateLimit] = {}
         self.buckets: dict[str, TokenBucket] = {
             self.DEFAULT_SCOPE: TokenBucket(default.per_minute, default.burst, clock())
         }
         self.retry_at: dict[str, float] = {}
 
+    def _scaled(self, lim: EvictionRateLimit) -> tuple[float, float]:
+        return lim.per_minute * self.share, max(1.0, lim.burst * self.share)
+
     def configure(self, limits: Mapping[str, EvictionRateLimit]) -> None:
         """Keep one bucket per policy in ``limits`` (policy name -> its limit)."""
         now = self.clock()
+        self.limits = dict(limits)
         for name in [n for n in self.buckets if n != self.DEFAULT_SCOPE and n not in limits]:
             del self.buckets[name]
-        for name, lim in limits.items():
+        for name, lim in [(self.DEFAULT_SCOPE, self.default), *limits.items()]:
+            rate, burst = self._scaled(lim)
             bucket = self.buckets.get(name)
             if bucket is None:
-                self.buckets[name] = TokenBucket(lim.per_minute, lim.burst, now)
-            elif (bucket.per_minute, bucket.burst) != (float(lim.per_minute), lim.burst):
-                bucket.reconfigure(lim.per_minute, lim.burst, now)
+                self.buckets[name] = TokenBucket(rate, burst, now)
+            elif (bucket.per_minute, bucket.burst) != (rate, burst):
+                bucket.reconfigure(rate, burst, now)
+
+    def set_share(self, share: float) -> None:
+        """This replica's share of every limit (held shards / shards), in (0, 1]."""
+        if share != self.share and share > 0:
+            self.share = share
+            self.configure(self.limits)
 
     def check(self, uid: str, scopes: Sequence[str]) -> str | None:
         """None when pod ``uid`` may be evicted now (the caller then calls

@@ -370,6 +370,32 @@ def test_operator_pdb_selects_the_operator_pods(default):
     assert pdb["spec"]["maxUnavailable"] == 1
 
 
+def test_operator_shards_run_one_replica_each_with_leases_of_their_own(monkeypatch):
+    from vramguard_operator.controller import settings as operator_settings
+    from vramguard_operator.controller.shards import LEASE_PREFIX, LEASE_VERBS
+
+    monkeypatch.setattr(operator_settings, "read_key", lambda path: b"k" * 48)  # the mounted Secret's key
+
+    objs = render({"operator.shards": 3})
+    dep = one(objs, "Deployment", "vramguard-operator")
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    args = container(dep)["args"]
+    settings = operator_settings.parse_settings(args[1:], env={})
+    assert (settings.shards, settings.lease_duration) == (3, 30.0)
+    assert {"POD_NAME", "POD_NAMESPACE"} <= set(env(container(dep)))  # the identity and the Leases' namespace
+    role = one(objs, "Role", "vramguard-operator-shards")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    verbs = {v for r in role["rules"] for v in r["verbs"]}
+    assert verbs == set(LEASE_VERBS)
+    named = next(r for r in role["rules"] if "resourceNames" in r)
+    assert named["resourceNames"] == [f"{LEASE_PREFIX}{i}" for i in range(3)]
+    assert all(r["resources"] == ["leases"] and r["apiGroups"] == ["coordination.k8s.io"] for r in role["rules"])
+    binding = one(objs, "RoleBinding", "vramguard-operator-shards")
+    assert binding["subjects"][0]["name"] == pod_spec(dep)["serviceAccountName"]
+    assert not find(render(), "Role", "vramguard-operator-shards")  # no shards: no Lease access
+
+
 @pytest.mark.parametrize("values", [
     {"operator.replicas": 2},
     {"operator.replicas": 0},

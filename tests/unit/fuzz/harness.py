@@ -21,8 +21,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 
-from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry, pod_entry, report_entry
-from vramguard_operator.controller.planning import plan
+from vramguard_operator.controller.full_pass import Snapshot, plan
+from vramguard_operator.controller.indexes import Versioned, budget_entry, pod_entry, report_entry
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import EngineConfig, EngineOutput
 

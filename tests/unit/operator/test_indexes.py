@@ -1,5 +1,4 @@
-"""Index entries built from API bodies, the snapshot and the overlay of the
-operator's own writes."""
+"""Entries built from API bodies (what the informers keep)."""
 
 from __future__ import annotations
 
@@ -7,16 +6,15 @@ from typing import Any
 
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.indexes import (
-    Overlay,
     budget_entry,
     has_vramguard_state,
     namespace_entry,
+    pod_cache_entry,
     pod_entry,
     policy_entry,
     report_entry,
     report_node,
     rv_newer,
-    snapshot_of,
 )
 
 
@@ -110,46 +108,22 @@ def test_report_policy_and_namespace_entries():
     assert ns.value == {"team": "a"}
 
 
-def test_snapshot_copies_index_stores():
-    pods = {"ml": [pod_entry(pod_body())]}
-    reports = {"n1": [report_entry({"metadata": {"name": "n1", "uid": "r", "resourceVersion": "9"},
-                                    "spec": {"nodeName": "n1"}}),
-                      report_entry({"metadata": {"name": "n1-old", "uid": "q", "resourceVersion": "10"},
-                                    "spec": {"nodeName": "n1"}})]}
-    snap = snapshot_of({"ml": [budget_entry(budget_body())]}, pods, reports, {}, {})
-    assert [p.value.name for p in snap.pods["ml"]] == ["w0"]
-    assert snap.reports["n1"].resource_version == "10"  # two reports for one node: newest
-    assert snap.sample_times() == {"n1": None}
+def test_pod_cache_entry_keeps_facts_gpu_part_and_the_budgets_its_state_names():
+    state = '[{"budget":"train","budgetUID":"b1","kind":"PodVRAM","since":"2024-05-01T10:00:00Z"}]'
+    e = pod_cache_entry(pod_body(annotations={"vramguard.io/violations": state}))
+    assert e is not None and e.recorded == frozenset({"train"}) and e.gpu is None  # no GPU requested
+    gpu = pod_body()
+    gpu["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    g = pod_cache_entry(gpu)
+    assert g is not None and g.gpu is not None and g.gpu["metadata"]["uid"] == "u1"
+    assert pod_cache_entry({"metadata": {"name": "x"}}) is None  # no namespace or uid
 
 
-def test_overlay_serves_written_objects_until_the_watch_catches_up():
-    ov = Overlay()
-    stale = {"ml": [pod_entry(pod_body(rv="10"))]}
-    ov.record_pod(pod_body(rv="12", annotations={"vramguard.io/violation": "x"}))
-    ov.record_pod(pod_body(rv="11"))  # an older response never replaces a newer one
-    snap = ov.apply(snapshot_of({}, stale, {}, {}, {}))
-    assert snap.pods["ml"][0].resource_version == "12"
-    assert snap.pods["ml"][0].value.annotations == {"vramguard.io/violation": "x"}
-    caught_up = {"ml": [pod_entry(pod_body(rv="13"))]}
-    snap = ov.apply(snapshot_of({}, caught_up, {}, {}, {}))
-    assert snap.pods["ml"][0].resource_version == "13"
-    assert len(ov) == 0
-
-
-def test_overlay_never_resurrects_a_deleted_pod_or_budget():
-    ov = Overlay()
-    ov.record_pod(pod_body(rv="12"))
-    ov.record_budget(budget_body(rv="8", status={"matchedPods": 1}))
-    snap = ov.apply(snapshot_of({}, {}, {}, {}, {}))
-    assert snap.pods == {} and snap.budgets == {}
-    assert len(ov) == 0
-
-
-def test_overlay_budget_status_is_used_while_newer():
-    ov = Overlay()
-    ov.record_budget(budget_body(rv="8", status={"matchedPods": 1}))
-    snap = ov.apply(snapshot_of({"ml": [budget_entry(budget_body(rv="5"))]}, {}, {}, {}, {}))
-    assert snap.budgets["ml"][0].value.status_api() == {"matchedPods": 1}
+def test_a_pod_that_only_changed_version_decides_like_before():
+    a, b = pod_cache_entry(pod_body(rv="10")), pod_cache_entry(pod_body(rv="11"))
+    assert a is not None and b is not None and a.decides_like(b)
+    c = pod_cache_entry(pod_body(rv="12", annotations={"vramguard.io/violation": "x"}))
+    assert c is not None and not a.decides_like(c)
 
 
 def test_claim_and_slice_entries_keep_what_dra_reads() -> None:
@@ -173,9 +147,3 @@ def test_claim_and_slice_entries_keep_what_dra_reads() -> None:
     # what policy.dra reads is the same from the entries as from the objects
     pods = [claim_pod("a", ["c"]), claim_pod("b", ["c"])]
     assert claim_grants(pods, {("ml", "c"): entry}, [trimmed]) == claim_grants(pods, {("ml", "c"): c}, [s])
-
-
-def test_snapshot_copies_claims_and_slices() -> None:
-    snap = snapshot_of({}, {}, {}, {}, {}, claims={("ml", "c"): [{"c": 1}]}, slices={"s1": [{"s": 1}], "s2": [{"s": 2}]})
-    assert snap.claims == {("ml", "c"): {"c": 1}}
-    assert sorted(x["s"] for x in snap.slices) == [1, 2]

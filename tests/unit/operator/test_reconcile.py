@@ -1,5 +1,6 @@
-"""The reconcile loop's pure parts: policies per namespace, evaluation scope and
-groups, status notes, invalid budgets, settings."""
+"""The reconcile loop's pure parts: policies per namespace, status notes,
+invalid budgets, settings; the full pass (``full_pass``, the reference for
+incremental evaluation: test_incremental_equivalence.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,9 @@ import pytest
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
-from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry
-from vramguard_operator.controller.planning import (
-    invalid_status,
-    namespace_policies,
-    note_resize_errors,
-    plan,
-    scope_of,
-)
+from vramguard_operator.controller.full_pass import Snapshot, plan, scope_of
+from vramguard_operator.controller.indexes import Versioned, budget_entry
+from vramguard_operator.controller.planning import invalid_status, namespace_policies, note_resize_errors
 from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.engine.types import EngineConfig
 

@@ -1,8 +1,9 @@
-"""One evaluation of the reconcile loop end to end (indexes snapshot -> engine ->
-actions) against an HTTP server standing in for the API server: a group that
-fails does not stop the others; DryRun and exempt namespaces get no
-``vramguard.io/limits`` writes; a policy that cannot be evaluated makes every
-namespace DryRun."""
+"""Evaluations of the reconcile loop end to end (changes -> cache -> engine ->
+actions -> status writer) against an HTTP server standing in for the API
+server: a group that fails does not stop the others; DryRun and exempt
+namespaces get no ``vramguard.io/limits`` writes; a policy that cannot be
+evaluated makes every namespace DryRun; statuses are written off the
+decision path and their echo marks nothing."""
 
 from __future__ import annotations
 
@@ -18,12 +19,19 @@ from vramguard_api.policy import EvictionRateLimit
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
-from vramguard_operator.controller.indexes import Snapshot, Versioned, budget_entry
+from vramguard_operator.controller.indexes import (
+    budget_entry,
+    namespace_entry,
+    node_entry,
+    pod_cache_entry,
+    report_entry,
+)
+from vramguard_operator.controller.informer import Change
 from vramguard_operator.controller.metrics import Metrics
-from vramguard_operator.controller.policy_handlers import gpu_pod_entry, node_entry
+from vramguard_operator.controller.policy_handlers import policy_body
 from vramguard_operator.controller.reconcile import Reconciler
 from vramguard_operator.controller.settings import OperatorConfig
-from vramguard_operator.engine.types import PodFacts
+from vramguard_operator.controller.status_writer import StatusWriter
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 from ..agent.stubapi import StubAPI
@@ -45,45 +53,59 @@ def reconciler(stub: StubAPI) -> tuple[Reconciler, Metrics]:
     metrics = Metrics(CollectorRegistry())
     limiter = EvictionLimiter(EvictionRateLimit(), retry_seconds=30)
     applier = Applier(KubeActions(api), EventRecorder(client.CoreV1Api(api)), limiter, metrics)
-    return Reconciler(OperatorConfig(), applier, metrics, clock=lambda: NOW), metrics
+    writer = StatusWriter(applier, metrics=metrics)
+    rec = Reconciler(OperatorConfig(), applier, metrics, writer, clock=lambda: NOW)
+    writer.on_limits = rec.wrote_limits
+    return rec, metrics
+
+
+def evaluate_once(rec: Reconciler) -> None:
+    """One pass, then every queued write (the writer's thread is not running)."""
+    rec.step()
+    assert rec.writer is not None
+    rec.writer.flush()
+    rec.drain()
 
 
 def requests(stub: StubAPI, method: str, pattern: str) -> list[Any]:
     return [r for r in stub.requests if r.method == method and re.search(pattern, r.path)]
 
 
-def budget_versioned(ns: str) -> Versioned[Any]:
-    b = budget(ns=ns, uid=f"uid-{ns}", per_pod={"vram": "10Gi"})
-    return Versioned(f"uid-{ns}", "1", budget_entry(b.to_api()).value)
+def put(rec: Reconciler, kind: str, key: Any, entry: Any) -> None:
+    rec.sink(Change(kind, key, None, entry))
 
 
-def gpu_pod_snapshot(ns: str = "ml", **policies: Any) -> Snapshot:
+def with_budget(rec: Reconciler, ns: str) -> None:
+    b = budget(ns=ns, uid=f"uid-{ns}", per_pod={"vram": "10Gi"}).to_api()
+    b["metadata"]["resourceVersion"] = "1"
+    put(rec, "budgets", (ns, "train"), budget_entry(b))
+
+
+def with_gpu_pod(rec: Reconciler, ns: str = "ml", **policies: Any) -> None:
     """A GPU pod that no budget selects, on a time-sliced node, with a fresh report."""
-    snap = Snapshot()
     raw = pod("free", ns, node_name=NODE, resources={"nvidia.com/gpu": "1"})
-    snap.pods[ns] = [Versioned("uid-free", "1", PodFacts.from_api(raw))]
-    entry = gpu_pod_entry(raw)
-    assert entry is not None
-    snap.gpu_pods[ns] = [entry]
-    node = node_entry(node_obj(NODE))
-    assert node is not None
-    snap.gpu_nodes[NODE] = node
-    snap.reports[NODE] = Versioned("r", "1", report(NODE, [device("GPU-a", 81559, 529)]))
+    raw["metadata"]["resourceVersion"] = "1"
+    put(rec, "pods", "uid-free", pod_cache_entry(raw))
+    put(rec, "nodes", NODE, node_entry(node_obj(NODE)))
+    rep = report(NODE, [device("GPU-a", 81559, 529)]).to_api()
+    rep["metadata"]["resourceVersion"] = "1"
+    put(rec, "reports", NODE, report_entry(rep))
     for name, p in policies.items():
-        snap.policies[name] = Versioned(f"uid-{name}", "1", p)
-    return snap
+        put(rec, "policies", name, policy_body(p.to_api()))
 
 
 # --- one group failing ------------------------------------------------------------------
 
 
-def test_a_failing_group_does_not_stop_the_others(stub, monkeypatch, caplog):
-    snap = Snapshot()
+def _two_groups(rec: Reconciler) -> None:
     for ns in ("a", "b"):
-        snap.budgets[ns] = [budget_versioned(ns)]
-    snap.policies["audit"] = Versioned("p", "1", policy(
-        "audit", mode="DryRun", namespaceSelector={"matchLabels": {"audit": "on"}}))
-    snap.namespaces["a"] = {"audit": "on"}  # a: DryRun, b: Enforce -> two groups
+        with_budget(rec, ns)
+    put(rec, "policies", "audit", policy_body(policy(
+        "audit", mode="DryRun", namespaceSelector={"matchLabels": {"audit": "on"}}).to_api()))
+    put(rec, "namespaces", "a", namespace_entry({"metadata": {"name": "a", "labels": {"audit": "on"}}}))
+
+
+def test_a_failing_group_does_not_stop_the_others(stub, monkeypatch, caplog):
     rec, metrics = reconciler(stub)
     real = rec.engine.engine
 
@@ -93,7 +115,8 @@ def test_a_failing_group_does_not_stop_the_others(stub, monkeypatch, caplog):
         return real(inp, progress)
 
     monkeypatch.setattr(rec.engine, "engine", evaluate)
-    rec.evaluate_and_apply(snap)
+    _two_groups(rec)  # a: DryRun, b: Enforce -> two groups
+    evaluate_once(rec)
     assert requests(stub, "PATCH", r"/namespaces/b/gpumemorybudgets/train/status$")
     assert not requests(stub, "PATCH", r"/namespaces/a/")
     assert metrics.registry.get_sample_value(
@@ -103,23 +126,17 @@ def test_a_failing_group_does_not_stop_the_others(stub, monkeypatch, caplog):
 
 
 def test_a_failing_apply_does_not_stop_the_others(stub, monkeypatch):
-    snap = Snapshot()
-    for ns in ("a", "b"):
-        snap.budgets[ns] = [budget_versioned(ns)]
-    snap.policies["audit"] = Versioned("p", "1", policy(
-        "audit", mode="DryRun", namespaceSelector={"matchLabels": {"audit": "on"}}))
-    snap.namespaces["a"] = {"audit": "on"}
     rec, metrics = reconciler(stub)
-    real = rec.applier.write_statuses
+    _two_groups(rec)
+    real = rec.applier.apply
 
-    def write_statuses(statuses: Any, ctx: Any, result: Any) -> None:
-        statuses = list(statuses)
-        if any(u.budget.namespace == "a" for u in statuses):
+    def apply(out: Any, ctx: Any) -> Any:
+        if any(u.budget.namespace == "a" for u in out.statuses):
             raise ValueError("bad body")
-        real(statuses, ctx, result)
+        return real(out, ctx)
 
-    monkeypatch.setattr(rec.applier, "write_statuses", write_statuses)
-    rec.evaluate_and_apply(snap)
+    monkeypatch.setattr(rec.applier, "apply", apply)
+    evaluate_once(rec)
     assert requests(stub, "PATCH", r"/namespaces/b/gpumemorybudgets/train/status$")
     assert metrics.registry.get_sample_value(
         "vramguard_evaluation_errors_total", {"stage": "apply"}) == 1
@@ -130,7 +147,8 @@ def test_a_failing_apply_does_not_stop_the_others(stub, monkeypatch):
 
 def test_limits_annotation_is_written_in_enforce_namespaces(stub):
     rec, _ = reconciler(stub)
-    rec.evaluate_and_apply(gpu_pod_snapshot(team=policy("team", defaults={})))
+    with_gpu_pod(rec, team=policy("team", defaults={}))
+    evaluate_once(rec)
     (req,) = requests(stub, "PATCH", r"/namespaces/ml/pods/free$")
     assert "vramguard.io/limits" in req.body["metadata"]["annotations"]
 
@@ -139,7 +157,8 @@ def test_limits_annotation_is_written_in_enforce_namespaces(stub):
                          ids=["dry-run", "exempt"])
 def test_no_limits_annotation_in_dry_run_or_exempt_namespaces(stub, spec):
     rec, _ = reconciler(stub)
-    rec.evaluate_and_apply(gpu_pod_snapshot(team=policy("team", defaults={}, **spec)))
+    with_gpu_pod(rec, team=policy("team", defaults={}, **spec))
+    evaluate_once(rec)
     assert not requests(stub, "PATCH", r"/namespaces/ml/pods/free$")
 
 
@@ -148,43 +167,45 @@ def test_no_limits_annotation_in_dry_run_or_exempt_namespaces(stub, spec):
 
 def test_a_broken_policy_is_logged_once_and_holds_enforcement(stub, caplog):
     broken = stale_policy("audit", {"key": "team", "operator": "In", "values": []}, mode="DryRun")
-    snap = gpu_pod_snapshot(team=policy("team", defaults={}), audit=broken)
     rec, _ = reconciler(stub)
-    rec.evaluate_and_apply(snap)
-    rec.evaluate_and_apply(gpu_pod_snapshot(team=policy("team", defaults={}), audit=broken))
+    with_gpu_pod(rec, team=policy("team", defaults={}))
+    rec.sink(Change("policies", "audit", None, policy_body(broken.model_dump(by_alias=True, exclude_none=True))))
+    evaluate_once(rec)
+    put(rec, "namespaces", "ml", namespace_entry({"metadata": {"name": "ml", "labels": {"x": "y"}}}))
+    evaluate_once(rec)  # evaluated again, still broken: logged once
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1
-    assert "GPUMemoryPolicy audit: spec.namespaceSelector.matchExpressions[0]" in errors[0]
+    assert "GPUMemoryPolicy audit: spec.namespaceSelector.matchExpressions" in errors[0]
     assert "DryRun" in errors[0]
     assert not requests(stub, "PATCH", r"/namespaces/ml/pods/free$")  # held: nothing written
-    rec.evaluate_and_apply(gpu_pod_snapshot(team=policy("team", defaults={})))  # fixed
+    rec.sink(Change("policies", "audit", None, None))  # fixed
+    evaluate_once(rec)
     assert requests(stub, "PATCH", r"/namespaces/ml/pods/free$")
 
 
 # --- what DRA claims booked ---------------------------------------------------------------
 
 
-def claim_snapshot(ns: str = "ml", consumed: str = "20Gi", device_name: str = "gpu-0", **policies: Any) -> Snapshot:
+def with_claim(rec: Reconciler, ns: str = "ml", consumed: str = "20Gi", device_name: str = "gpu-0",
+               **policies: Any) -> None:
     """A pod with one claim (``consumed`` on ``device_name``), the node's slice
-    (gpu-0 is GPU-a), its report (30Gi used on GPU-a), all through the index entries."""
+    (gpu-0 is GPU-a), its report (30Gi used on GPU-a), all through the informers' entries."""
     from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
 
     from ..policy.dra_builders import claim, claim_pod, gpu, resource_slice, result
 
-    snap = Snapshot()
     raw = claim_pod("free", ["c"], ns=ns, node=NODE)
-    snap.pods[ns] = [Versioned("uid-free", "1", PodFacts.from_api(raw))]
-    entry = gpu_pod_entry(raw)
-    assert entry is not None
-    snap.gpu_pods[ns] = [entry]
-    snap.claims[(ns, "c")] = claim_entry(claim("c", [result(device_name, NODE, consumed)], ns=ns))
-    snap.slices = [slice_entry(resource_slice(NODE, [gpu("gpu-0", "GPU-a")]))]
+    raw["metadata"]["resourceVersion"] = "1"
+    put(rec, "pods", "uid-free", pod_cache_entry(raw))
+    put(rec, "claims", (ns, "c"), claim_entry(claim("c", [result(device_name, NODE, consumed)], ns=ns)))
+    put(rec, "slices", "s", slice_entry(resource_slice(NODE, [gpu("gpu-0", "GPU-a")])))
     usage = [{"uid": "uid-free", "namespace": ns, "name": "free", "vramBytes": 30 << 30,
               "devices": [{"uuid": "GPU-a", "usedBytes": 30 << 30}]}]
-    snap.reports[NODE] = Versioned("r", "1", report(NODE, [device("GPU-a", 81559, 529)], usage))
+    rep = report(NODE, [device("GPU-a", 81559, 529)], usage).to_api()
+    rep["metadata"]["resourceVersion"] = "1"
+    put(rec, "reports", NODE, report_entry(rep))
     for name, p in policies.items():
-        snap.policies[name] = Versioned(f"uid-{name}", "1", p)
-    return snap
+        put(rec, "policies", name, policy_body(p.to_api()))
 
 
 def events(stub: StubAPI, reason: str) -> list[Any]:
@@ -193,7 +214,8 @@ def events(stub: StubAPI, reason: str) -> list[Any]:
 
 def test_a_claims_memory_is_the_pods_limit_on_its_device(stub):
     rec, _ = reconciler(stub)
-    rec.evaluate_and_apply(claim_snapshot())
+    with_claim(rec)
+    evaluate_once(rec)
     (patch,) = [r for r in requests(stub, "PATCH", r"/namespaces/ml/pods/free$")
                 if "vramguard.io/violation" in r.body["metadata"]["annotations"]]
     assert "default:free" in patch.body["metadata"]["annotations"]["vramguard.io/violation"]
@@ -202,9 +224,10 @@ def test_a_claims_memory_is_the_pods_limit_on_its_device(stub):
 
 def test_a_vanished_device_is_one_warning_event_and_no_action(stub):
     rec, _ = reconciler(stub)
-    snap = claim_snapshot(device_name="gpu-7")
-    rec.evaluate_and_apply(snap)
-    rec.evaluate_and_apply(claim_snapshot(device_name="gpu-7"))
+    with_claim(rec, device_name="gpu-7")
+    evaluate_once(rec)
+    with_claim(rec, device_name="gpu-7")  # the same again: evaluated again
+    evaluate_once(rec)
     (event,) = events(stub, "AllocatedDeviceMissing")
     assert event.body["type"] == "Warning" and "gpu-7" in event.body["message"]
     assert not requests(stub, "PATCH", r"/events/")  # reported once, not counted up on each evaluation
@@ -214,5 +237,43 @@ def test_a_vanished_device_is_one_warning_event_and_no_action(stub):
 
 def test_no_problem_events_in_exempt_namespaces(stub):
     rec, _ = reconciler(stub)
-    rec.evaluate_and_apply(claim_snapshot(device_name="gpu-7", team=policy("team", exemptNamespaces=["ml"])))
+    with_claim(rec, device_name="gpu-7", team=policy("team", exemptNamespaces=["ml"]))
+    evaluate_once(rec)
     assert not events(stub, "AllocatedDeviceMissing")
+
+
+# --- a budget held for running out of time comes back without any change ------------------
+
+
+def test_a_budget_held_for_a_timeout_is_evaluated_again_when_its_hold_ends(stub):
+    from datetime import timedelta
+
+    from vramguard_operator.controller.isolation import HOLD_SECONDS, GuardedEngine
+    from vramguard_operator.engine.evaluate import evaluate
+
+    from .test_isolation import Clock
+
+    rec, metrics = reconciler(stub)
+    bug = {"on": True}
+
+    def engine(inp: Any, progress: Any) -> Any:
+        def tell(stage: str) -> None:
+            progress(stage)
+            while bug["on"] and stage == "budget ml/train" and ("ml", "train") not in inp.held:
+                sum(range(1000))
+
+        return evaluate(inp, tell)
+
+    clock, now = Clock(), [NOW]
+    rec.engine = GuardedEngine(0.3, metrics, engine, clock)
+    rec.clock = lambda: now[0]
+    with_budget(rec, "ml")
+    evaluate_once(rec)
+    (first,) = requests(stub, "PATCH", r"/namespaces/ml/gpumemorybudgets/train/status$")
+    assert "EvaluationTimeout" in str(first.body)
+    bug["on"] = False  # fixed; nothing about the budget changes
+    clock.t += HOLD_SECONDS + 1
+    now[0] += timedelta(seconds=rec.config.evaluation_period + 1)
+    evaluate_once(rec)
+    last = requests(stub, "PATCH", r"/namespaces/ml/gpumemorybudgets/train/status$")[-1]
+    assert "EvaluationTimeout" not in str(last.body) and '"Valid"' in str(last.body).replace("'", '"')

@@ -119,6 +119,13 @@ ENV_SETTINGS = [
     ("--webhook-managed", "VRAMGUARD_WEBHOOK_MANAGED", "true", "false", "webhook.managed", True, False, False),
     ("--webhook-extra-sans", "VRAMGUARD_WEBHOOK_EXTRA_SANS", "a.svc,b.svc", "c.svc", "webhook.extra_sans",
      ("a.svc", "b.svc"), ("c.svc",), ()),
+    ("--namespaces", "VRAMGUARD_NAMESPACES", "ml, t-*", "research", "namespaces", ("ml", "t-*"), ("research",), ()),
+    ("--status-refresh", "VRAMGUARD_STATUS_REFRESH", "1m", "45s", "config.status_refresh", 60.0, 45.0, 30.0),
+    ("--unlabelled-pods", "VRAMGUARD_UNLABELLED_PODS", "ignore", "watch", "config.unlabelled_pods", False, True, True),
+    ("--shards", "VRAMGUARD_SHARDS", "3", "2", "shards", 3, 2, 1),
+    ("--shard-identity", "VRAMGUARD_SHARD_IDENTITY", "op-1", "op-2", "shard_identity", "op-1", "op-2", ""),
+    ("--lease-namespace", "VRAMGUARD_LEASE_NAMESPACE", "vg", "vg-2", "lease_namespace", "vg", "vg-2", ""),
+    ("--lease-duration", "VRAMGUARD_LEASE_DURATION", "1m", "20s", "lease_duration", 60.0, 20.0, 30.0),
 ]
 # flags without a variable: (arguments, settings path, value)
 FLAG_SETTINGS = [
@@ -169,6 +176,11 @@ def test_defaults_are_the_documented_ones():
     assert parse_settings([], env={}) == OperatorSettings()
 
 
+def test_the_namespaces_flag_wins_over_the_variable():
+    assert parse_settings(["-n", "a"], env={"VRAMGUARD_NAMESPACES": "b"}).namespaces == ("a",)
+    assert parse_settings(["-A"], env={"VRAMGUARD_NAMESPACES": "b"}).namespaces == ()
+
+
 # (flag, variable, bad value)
 BAD_VALUES = [
     ("--metrics-port", "VRAMGUARD_METRICS_PORT", "-1"),
@@ -181,6 +193,9 @@ BAD_VALUES = [
         "--watch-timeout", "--evaluation-timeout")),
     ("--state-key-file", "VRAMGUARD_STATE_KEY_FILE", "/nonexistent/state-key"),
     ("--freshness", "VRAMGUARD_FRESHNESS", "-5s"),
+    ("--shards", "VRAMGUARD_SHARDS", "0"),
+    ("--unlabelled-pods", "VRAMGUARD_UNLABELLED_PODS", "sometimes"),
+    ("--status-refresh", "VRAMGUARD_STATUS_REFRESH", "a while"),
 ]
 
 

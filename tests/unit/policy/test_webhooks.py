@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from vramguard_operator.controller.index_views import budgets_of, labels_of, namespaces_of, nodes_of, policies_of
-from vramguard_operator.controller.indexes import Versioned, budget_entry, namespace_entry, policy_entry
-from vramguard_operator.controller.policy_handlers import node_entry
+from vramguard_operator.controller.indexes import Versioned, budget_entry, namespace_entry, node_entry
+from vramguard_operator.controller.policy_handlers import policy_body
 from vramguard_operator.controller.webhooks import WebhookConfig
+from vramguard_operator.policy.mutation import GPU_POD_LABEL, gpu_pod_label_ops
 
 from .builders import device, node_obj, policy, report
 
@@ -42,25 +43,30 @@ def test_node_entry_keeps_gpu_nodes_only() -> None:
     assert node_entry(aliyun) is not None
 
 
-def test_index_views() -> None:
+def test_store_views() -> None:
     pol = policy("p", ceilings={"perPod": {"vram": "8Gi"}})
-    policy_index = {
-        "p": [policy_entry(pol.to_api())],
-        "broken": [Versioned("u", "1", "GPUMemoryPolicy broken: bad")],
-    }
-    assert [p.metadata.name for p in policies_of(policy_index)] == ["p"]
-    ns_index = {"ml": [namespace_entry({"metadata": {"uid": "u", "labels": {"team": "a"}}})]}
-    assert labels_of(ns_index, "ml") == {"team": "a"} and labels_of(ns_index, "x") == {}
-    assert namespaces_of(ns_index) == {"ml": {"team": "a"}}
+    policies = {"p": policy_body(pol.to_api()), "broken": {"metadata": {"name": "broken"}, "spec": {"mode": "x"}}}
+    assert [p.metadata.name for p in policies_of(policies)] == ["p"]
+    ns_store = {"ml": namespace_entry({"metadata": {"uid": "u", "labels": {"team": "a"}}})}
+    assert labels_of(ns_store, "ml") == {"team": "a"} and labels_of(ns_store, "x") == {}
+    assert namespaces_of(ns_store) == {"ml": {"team": "a"}}
     good = {
         "metadata": {"name": "b", "namespace": "ml", "uid": "u1"},
         "spec": {"selector": {}, "limits": {"perPod": {"vram": "1Gi"}}},
     }
     bad = {"metadata": {"name": "c", "namespace": "ml", "uid": "u2"}, "spec": {"selector": {}}}
-    budget_index = {"ml": [budget_entry(good), budget_entry(bad)]}
-    assert [b.metadata.name for b in budgets_of(budget_index, "ml")] == ["b"]
-    node_index = {"gpu-h100-ts": [node_entry(node_obj("gpu-h100-ts"))]}
-    report_index = {"gpu-h100-ts": [Versioned("u", "1", report("gpu-h100-ts", [device("GPU-a", 80000, 500)]))]}
-    (facts,) = nodes_of(node_index, report_index)
+    budgets = {("ml", "b"): budget_entry(good), ("ml", "c"): budget_entry(bad), ("x", "b"): budget_entry(good)}
+    assert [b.metadata.name for b in budgets_of(budgets, "ml")] == ["b"]
+    nodes = {"gpu-h100-ts": node_entry(node_obj("gpu-h100-ts"))}
+    reports = {"gpu-h100-ts": Versioned("u", "1", report("gpu-h100-ts", [device("GPU-a", 80000, 500)]))}
+    (facts,) = nodes_of(nodes, reports)
     assert facts.name == "gpu-h100-ts" and facts.device_usable() == ((80000 - 500) * 2**20, "report")
     assert policies_of(None) == [] and nodes_of(None, None) == []
+
+
+def test_the_webhook_labels_gpu_pods_for_the_operators_watch() -> None:
+    assert gpu_pod_label_ops({"metadata": {}}) == [
+        {"op": "add", "path": "/metadata/labels", "value": {GPU_POD_LABEL: "true"}}]
+    assert gpu_pod_label_ops({"metadata": {"labels": {"app": "x"}}}) == [
+        {"op": "add", "path": "/metadata/labels/vramguard.io~1gpu-pod", "value": "true"}]
+    assert gpu_pod_label_ops({"metadata": {"labels": {GPU_POD_LABEL: "true"}}}) == []

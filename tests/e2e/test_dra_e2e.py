@@ -301,8 +301,9 @@ def test_dra_pod_over_its_claim_is_annotated_its_neighbour_within_its_claim_is_n
     # the Events follow the annotation patch (the applier's order): wait for them
     wait_for(lambda: "LimitExceeded" in reasons(core, dra, "over"), 30, "the LimitExceeded Event on the pod")
     # the neighbour uses the same 30Gi, within its 40Gi claim
-    within = limits_of(core, dra, "within")
-    assert within is not None and within[f"perDevice[{gpu0}]"]["bytes"] == 40 * GI
+    # its limits annotation is written on its own (not with the other pod's): wait for it too
+    within = wait_for(lambda: limits_of(core, dra, "within"), 30, "the neighbour's limits from its claim")
+    assert within[f"perDevice[{gpu0}]"]["bytes"] == 40 * GI
     assert pod_annotation(core, dra, "within", ANN_MESSAGE) is None
     assert not {"AboveWarningThreshold", "LimitExceeded"} & set(reasons(core, dra, "within"))
 

@@ -98,6 +98,23 @@ def saved(
     return sorted(ok), sorted(set(expected) - ok)
 
 
+def saved_lines(
+    saved: Sequence[str], without: Sequence[Unguarded], names: Mapping[str, str], ran_s: float,
+    pressure: Sequence[str],
+) -> list[str]:
+    """One line per pod ``saved``: when it was killed without vramguard, that it
+    runs after ``ran_s`` of scenario time with it, and who was evicted for
+    device pressure (``pressure``: scenario ids)."""
+    out = []
+    for i in saved:
+        first = next(u for u in without if names.get(f"{u.kill.namespace}/{u.kill.pod}") == i)
+        evicted = f" ({', '.join(pressure)} evicted for device pressure)." if pressure else "."
+        out.append(f"vramguard saved {i}: without it, killed by CUDA out of memory after "
+                   f"{format_seconds(first.kill.time_s)} of scenario time; with it, running after "
+                   f"{format_seconds(ran_s)}{evicted}")
+    return out
+
+
 def describe(u: Unguarded, names: Mapping[str, str]) -> str:
     """One sentence: who died when (scenario time), what it held, the
     allocation that failed, and who held the device. ``names``: a demo id by

@@ -265,12 +265,8 @@ class Demo:
         saved, not_saved = oom.saved(self.sc.saved_from_oom, [names.get(f"{u.kill.namespace}/{u.kill.pod}") for u in without],
                                      [names.get(f"{k.namespace}/{k.pod}") for k in during], running)
         pressure = sorted(r.id for r in results if "DevicePressure" in r.reasons)
-        for i in saved:
-            first = next(u for u in without if names.get(f"{u.kill.namespace}/{u.kill.pod}") == i)
-            print(f"vramguard saved {i}: without it, killed by CUDA out of memory after "
-                  f"{format_seconds(first.kill.time_s)} of scenario time; with it, running after "
-                  f"{format_seconds(t * self.speed)}" + (f" ({', '.join(pressure)} evicted for device pressure)."
-                                                         if pressure else "."))
+        for line in oom.saved_lines(saved, without, names, t * self.speed, pressure):
+            print(line)
         body = {
             "oomKillsDuringRun": [{"id": names.get(f"{k.namespace}/{k.pod}"), "pod": f"{k.namespace}/{k.pod}",
                                    "scenarioSeconds": k.t_s, "text": k.text} for k in during],

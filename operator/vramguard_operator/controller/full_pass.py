@@ -1,6 +1,6 @@
 """The full pass: every namespace's budgets, pods and reports, copied into a
 ``Snapshot``, planned into one engine input per effective policy by
-``policy.plan.engine_groups`` (the same function the fleet simulation calls).
+``policy.groups.engine_groups`` (the same function the fleet simulation calls).
 
 The operator itself evaluates incrementally (``incremental``); this is the
 reference it must agree with, used by the fuzz harness (hostile objects
@@ -20,9 +20,10 @@ from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.indexes import BudgetEntry, Versioned, has_vramguard_state
 from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, HeldBudget, PodFacts
+from vramguard_operator.policy import groups as policy_groups
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.dra import DRAConfig
-from vramguard_operator.policy.plan import NamespacePolicy, namespace_policies
+from vramguard_operator.policy.groups import NamespacePolicy, namespace_policies
 from vramguard_operator.policy.sharers import KAI_RESERVATION_NAMESPACE
 
 log = logging.getLogger("vramguard.reconcile")
@@ -181,14 +182,14 @@ def plan(
 ) -> Plan:
     """Build the engine inputs of one evaluation from a snapshot (``dra``: how
     ResourceSlices name a GPU's UUID and memory; default NVIDIA's), by
-    ``policy.plan.engine_groups``, which the fleet simulation calls too."""
+    ``policy.groups.engine_groups``, which the fleet simulation calls too."""
     scope = scope_of(snap)
     broken = snap.invalid_policies()
-    merged = policy_plan.merged_policies(
+    merged = policy_groups.merged_policies(
         list(snap.valid_policies().values()), snap.namespaces, scope, broken
     )
     reports = snap.valid_reports()
-    nodes = policy_plan.node_facts(snap.gpu_nodes, reports)
+    nodes = policy_groups.node_facts(snap.gpu_nodes, reports)
     pols = namespace_policies(snap.valid_policies(), snap.namespaces, scope, broken)
     invalid = [e for ns in scope for e in snap.budgets.get(ns, ()) if e.value.budget is None]
     # a spec that does not parse: that budget is held (its records kept), the rest of its namespace goes on
@@ -203,7 +204,7 @@ def plan(
         dra=dra or DRAConfig(),
     )
     budgets = {ns: [e.value.budget for e in snap.budgets.get(ns, ()) if e.value.budget is not None] for ns in scope}
-    found = policy_plan.engine_groups(
+    found = policy_groups.engine_groups(
         scope,
         pols,
         budgets,

@@ -48,6 +48,7 @@ from vramguard_operator.engine.types import (
     Recover,
     Throttle,
 )
+from vramguard_operator.policy import groups as policy_groups
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.dra import DRAConfig
 from vramguard_operator.policy.implicit import IMPLICIT_UID_PREFIX, is_implicit
@@ -204,7 +205,7 @@ class Incremental:
         merged = self._merged.get(ns)
         if merged is None:
             c = self.cache
-            merged = policy_plan.merged_policies(
+            merged = policy_groups.merged_policies(
                 list(c.valid_policies().values()), c.namespaces, [ns], c.invalid_policies()
             )[ns]
             self._merged[ns] = merged

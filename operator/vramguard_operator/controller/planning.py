@@ -13,7 +13,7 @@ from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
 from vramguard_operator.controller.indexes import BudgetEntry
 from vramguard_operator.engine import budget_status as bs
-from vramguard_operator.policy.plan import NamespacePolicy, namespace_policies
+from vramguard_operator.policy.groups import NamespacePolicy, namespace_policies
 
 __all__ = ["NamespacePolicy", "invalid_status", "namespace_policies", "note_resize_errors"]
 

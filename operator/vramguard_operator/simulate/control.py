@@ -3,7 +3,7 @@ on the simulated fleet, and an actions layer applying what they decide.
 
 At every tick (the agent's sampling cadence) the pods whose inputs changed are
 evaluated: their engine inputs are built as the reconcile loop builds them
-(``policy.plan.namespace_policies``, ``merged_policies``, ``node_facts``,
+(``policy.groups.namespace_policies``, ``merged_policies``, ``node_facts``,
 ``engine_groups``: policies, ceilings, implicit budgets for pods no budget
 selects, shares) and ``engine.evaluate.evaluate`` decides. Which pods are
 evaluated, and why that gives the decisions evaluating every pod would,
@@ -39,15 +39,15 @@ from vramguard_operator.engine.types import (
     Throttle,
     ViolationKey,
 )
-from vramguard_operator.policy.implicit import IMPLICIT_UID_PREFIX, is_implicit
-from vramguard_operator.policy.plan import (
+from vramguard_operator.policy.groups import (
     EngineGroup,
-    PolicyMemory,
     engine_groups,
     merged_policies,
     namespace_policies,
     node_facts,
 )
+from vramguard_operator.policy.implicit import IMPLICIT_UID_PREFIX, is_implicit
+from vramguard_operator.policy.plan import PolicyMemory
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 from vramguard_operator.simulate import limits as sim_limits
 from vramguard_operator.simulate.apply import applied, output_changes

@@ -45,6 +45,7 @@ from vramguard_operator.engine.types import (
     Recover,
     Throttle,
 )
+from vramguard_operator.policy import groups as policy_groups
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.simulate.apply import output_changes
@@ -178,12 +179,12 @@ class World:
 def full_inputs(cache: ClusterCache, memory: policy_plan.PolicyMemory, config: EngineConfig,
                 now: datetime) -> list[tuple[policy_plan.PolicyView, EngineInput]]:
     """One engine input per effective policy over every namespace, by
-    ``policy.plan.engine_groups`` (budgets that do not parse held alone,
+    ``policy.groups.engine_groups`` (budgets that do not parse held alone,
     device-pressure rules and shares, nodes not believed), implicit budgets
     built anew."""
     scope = sorted(cache.known_namespaces())
     pols = namespace_policies(cache.valid_policies(), cache.namespaces, scope, cache.invalid_policies())
-    merged = policy_plan.merged_policies(list(cache.valid_policies().values()), cache.namespaces, scope,
+    merged = policy_groups.merged_policies(list(cache.valid_policies().values()), cache.namespaces, scope,
                                          cache.invalid_policies())
     reports = {n: r for n in cache.reports if (r := cache.report(n)) is not None}
     nodes = {n: NodeFacts.from_api(b, reports.get(n)) for n, b in cache.nodes.items()}
@@ -199,7 +200,7 @@ def full_inputs(cache: ClusterCache, memory: policy_plan.PolicyMemory, config: E
                 budgets.setdefault(ns, []).append(b.model_copy(update={"status": cache.status_of((ns, name))}))
     entries = {ns: [cache.pods[u] for u in sorted(cache.pods_in_ns.get(ns, ()))] for ns in scope}
     allocations = policy_plan.Allocations(cache.claims, list(cache.slices.values()), cache.kai_reservations())
-    groups = policy_plan.engine_groups(
+    groups = policy_groups.engine_groups(
         scope, pols, budgets, {ns: [e.facts for e in es] for ns, es in entries.items()},
         {ns: [e.gpu for e in es if e.gpu] for ns, es in entries.items()}, nodes, merged, reports, now, config,
         memory.implicit_status, allocations, held, cache.unknown_nodes(),

@@ -42,6 +42,18 @@ def wait_for(fn: Callable[[], T], timeout: float, what: str, interval: float = 0
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
 
 
+def stop_agent(agent: subprocess.Popen[bytes], tail: int = 4000) -> None:
+    """Stop an agent process (SIGTERM, SIGKILL after 15 s) and print the last
+    ``tail`` characters of its output, for the test's log."""
+    agent.terminate()
+    try:
+        out, _ = agent.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        out, _ = agent.communicate()
+    print("--- agent output ---\n" + out.decode(errors="replace")[-tail:])
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:

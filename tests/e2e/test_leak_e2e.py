@@ -47,6 +47,7 @@ from .operator_harness import (
     get_budget,
     pod_manifest,
     run_pods,
+    stop_agent,
     wait_for,
 )
 
@@ -211,13 +212,7 @@ def test_leaking_pod_annotated_with_projection_and_evicted_before_it_sawtooth_le
               f"LeakDetected: {message}\nEvicting: {evicting[0].message}\ntrainer trend: {trend}")
     finally:
         if agent is not None:
-            agent.terminate()
-            try:
-                out, _ = agent.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                out, _ = agent.communicate()
-            print("--- agent output ---\n" + out.decode(errors="replace")[-3000:])
+            stop_agent(agent, 3000)
         operator.stop()
         print(f"--- operator log ({operator.log}) ---\n{operator.tail(40)}")
         delete_nodes(core, custom, [node])

@@ -41,6 +41,7 @@ from .operator_harness import (
     pod_manifest,
     publish,
     run_pods,
+    stop_agent,
     wait_for,
 )
 
@@ -474,10 +475,4 @@ def test_op_simulated_agent_feeds_the_operator(kube: Kube, operator: OperatorPro
         assert condition(b, "DataStale")["status"] == "False"
         wait_for(lambda: "LimitExceeded" in reasons(kube, namespace, budget["metadata"]["uid"]), 5, "Event")
     finally:
-        agent.terminate()
-        try:
-            out, _ = agent.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            out, _ = agent.communicate()
-        print("--- agent output ---\n" + out.decode(errors="replace")[-4000:])
+        stop_agent(agent, 4000)

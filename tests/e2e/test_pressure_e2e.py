@@ -38,6 +38,7 @@ from .operator_harness import (
     pod_manifest,
     publish,
     run_pods,
+    stop_agent,
     wait_for,
 )
 
@@ -143,16 +144,6 @@ def run_agent(cluster: Any, node: str, scenario: Path) -> subprocess.Popen[bytes
     )
 
 
-def stop(agent: subprocess.Popen[bytes]) -> None:
-    agent.terminate()
-    try:
-        out, _ = agent.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        agent.kill()
-        out, _ = agent.communicate()
-    print("--- agent output ---\n" + out.decode(errors="replace")[-4000:])
-
-
 def test_pressure_evicts_the_over_share_pod_and_spares_its_neighbour(
     kube: Kube, operator: OperatorProcess, node: str, namespace: str, pressure_policy: str, cluster: Any,
     tmp_path: Path,
@@ -199,7 +190,7 @@ def test_pressure_evicts_the_over_share_pod_and_spares_its_neighbour(
         assert operator.metric("vramguard_actions_total", action="Evict", result="success",
                                namespace=namespace) == 1
     finally:
-        stop(agent)
+        stop_agent(agent)
 
 
 def test_pressure_falls_back_when_a_disruption_budget_refuses(

@@ -36,7 +36,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from .conftest import Cluster
-from .operator_harness import GI, GROUP, VERSION, OperatorProcess, budget_manifest, events_about, wait_for
+from .operator_harness import GI, GROUP, VERSION, OperatorProcess, budget_manifest, events_about, stop_agent, wait_for
 from .realnode import ROOT, RealNode, driver_state, pod
 from .test_real_node_e2e import run_pod
 
@@ -114,12 +114,6 @@ def test_a_leaking_real_process_is_evicted_before_the_simulated_gpu_runs_out(
               f"{seen['min_free'] / GI:.1f} GiB\nEvicting: {evicting[0].message}")
     finally:
         if agent is not None:
-            agent.terminate()
-            try:
-                out, _ = agent.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                out, _ = agent.communicate()
-            print("--- agent output ---\n" + out.decode(errors="replace")[-2000:])
+            stop_agent(agent, 2000)
         operator.stop()
         print(f"--- operator log ({operator.log}) ---\n{operator.tail(30)}")

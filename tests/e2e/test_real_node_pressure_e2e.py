@@ -32,7 +32,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from .conftest import Cluster
-from .operator_harness import GI, GROUP, VERSION, OperatorProcess, events_about, wait_for
+from .operator_harness import GI, GROUP, VERSION, OperatorProcess, events_about, stop_agent, wait_for
 from .realnode import ROOT, RealNode, driver_state, pod
 from .test_real_node_e2e import run_pod
 
@@ -117,12 +117,6 @@ def test_device_pressure_evicts_the_over_share_pod_and_saves_its_real_neighbour(
               f"at {seen['finetune'] / GI:.0f} GiB; chat then grew to 19 GiB\n{event.message}")
     finally:
         if agent is not None:
-            agent.terminate()
-            try:
-                out, _ = agent.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                out, _ = agent.communicate()
-            print("--- agent output ---\n" + out.decode(errors="replace")[-2000:])
+            stop_agent(agent, 2000)
         operator.stop()
         print(f"--- operator log ({operator.log}) ---\n{operator.tail(30)}")

@@ -18,7 +18,9 @@ the CPU of pods no violation holds, settles each pod's memory limits
 (``caps``) and writes the pod patches. A budget whose evaluation raises is
 held (``HeldBudget``): its partial work is dropped, which leaves the state
 handed to the next budget as if it were absent, and the memory limits of the
-pods it holds are kept as they are.
+pods it holds are kept as they are. While a budget is held the pods it may
+select are not known, so the device-pressure rule takes the share of every
+pod in its namespace as unknown: never chosen, never protected.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def evaluate(inp: EngineInput, progress: Progress | None = None) -> EngineOutput
         else:
             run.merge(outcome)
     tell("pressure")
-    pressure = evaluate_pressure(inp, nodes, run.selections, run.evicting, now)
+    pressure = evaluate_pressure(inp, nodes, run.selections, run.evicting, now, frozenset(run.held_namespaces))
     run.add_pressure(pressure, {(b.metadata.namespace or "", b.metadata.name or ""): b for b in budgets})
     tell("restore")
     run.restore()
@@ -167,6 +169,7 @@ class _Pass:
     problems: list[str] = field(default_factory=list)
     object_problems: list[ObjectProblem] = field(default_factory=list)
     selections: list[Selection] = field(default_factory=list)
+    held_namespaces: set[str] = field(default_factory=set)
     pairs: int = 0
 
     def __post_init__(self) -> None:
@@ -212,6 +215,7 @@ class _Pass:
         for (ns, name), h in sorted(held.items()):
             self.object_problems.append(ObjectProblem("GPUMemoryBudget", ns, name, h.uid, h.reason, h.message))
             self._hold_limits(ns, name)
+            self.held_namespaces.add(ns)
 
     def _hold_limits(self, namespace: str, name: str) -> None:
         """Keep as they are the memory limits of the pods a held budget's records are on."""
@@ -230,6 +234,7 @@ class _Pass:
             ObjectProblem("GPUMemoryBudget", ref.namespace, ref.name, ref.uid, held.reason, held.message)
         )
         self._hold_limits(ref.namespace, ref.name)
+        self.held_namespaces.add(ref.namespace)
 
     def recover_orphans(self, live: Mapping[tuple[str, str], str]) -> None:
         """Close pod records whose budget is gone (deleted, or recreated with

@@ -12,7 +12,9 @@ For each device of a fresh node report with a pod of the evaluation on it:
   its **share** there, the strictest per-device limit of the budgets that
   select it (``perDevice``, or a limit on that named device: a DRA claim's or
   a sharer's grant; implicit budgets included), else the node's share of the
-  device (``EngineInput.device_shares``); its **rule**, the ``devicePressure``
+  device (``EngineInput.device_shares``), unknown while a budget of its
+  namespace is held (an invalid spec: which pods it selects is not known);
+  its **rule**, the ``devicePressure``
   of the budgets that select it (the most protective, when several do), else
   its namespace's (``EngineInput.pressure_rules``); its mode (``Exempt`` in an
   exempt namespace; ``DryRun`` when the cluster policy or any budget that
@@ -90,6 +92,7 @@ class _Context:
     overrides: Mapping[str, PressureRule]  # pod uid -> its budgets' rule
     previous: Mapping[PreviousKey, Previous]
     selections: Sequence[Selection]
+    held_namespaces: frozenset[str] = frozenset()
 
     def rule(self, pod: PodFacts) -> PressureRule | None:
         found = self.overrides.get(pod.uid)
@@ -109,17 +112,23 @@ class _Context:
 
 
 def device_facts(
-    inp: EngineInput, nodes: Mapping[str, Node], selections: Sequence[Selection], evicting: Iterable[str]
+    inp: EngineInput,
+    nodes: Mapping[str, Node],
+    selections: Sequence[Selection],
+    evicting: Iterable[str],
+    held_namespaces: frozenset[str] = frozenset(),
 ) -> list[DeviceFacts]:
     """The facts of every device with a pod of ``inp`` on it and a rule that
     applies to one of its pods, in node and device order (see the module doc).
     ``selections``: the valid budgets as evaluated; ``evicting``: pods a
-    budget's Evict was returned for in this evaluation."""
+    budget's Evict was returned for in this evaluation; ``held_namespaces``:
+    namespaces with a held budget (which pods it selects, and so their
+    shares, is not known: the share of their pods is left unknown)."""
     overrides = _overrides(selections)
     if not inp.pressure_rules and not overrides:
         return []
     pods = {p.uid: p for p in inp.pods}
-    ctx = _Context(inp, pods, frozenset(evicting), overrides, previous_entries(inp), selections)
+    ctx = _Context(inp, pods, frozenset(evicting), overrides, previous_entries(inp), selections, held_namespaces)
     drafts = [d for name in sorted(nodes) for d in _node_drafts(ctx, name, nodes[name])]
     known = {o.pod.uid for d in drafts if d.known for o in d.occupants}
     if not known:
@@ -206,6 +215,11 @@ def _with_shares(ctx: _Context, d: DeviceFacts, by_pod: Mapping[str, list[Select
 
 def _full(ctx: _Context, o: Occupant, sels: list[Selection], d: DeviceFacts) -> Occupant:
     share, home = None, None
+    if o.pod.namespace in ctx.held_namespaces:
+        # A held budget may give this pod a larger share than the node's: no
+        # action on unknown data, so the pod is neither chosen nor protected.
+        home = sels[0].ref if sels else None
+        return Occupant(o.pod, o.used, None, o.rule, o.mode, o.leaving, home, False)
     for sel in sels:
         limit = sel.limits.device_limit(d.uuid, d.usable) if _limits_device(sel, d.uuid) else None
         if limit is not None and (share is None or limit < share):

@@ -56,12 +56,18 @@ class PressureResult:
 
 
 def evaluate_pressure(
-    inp: EngineInput, nodes: Mapping[str, Node], selections: Sequence[Selection], evicting: Iterable[str], now: datetime
+    inp: EngineInput,
+    nodes: Mapping[str, Node],
+    selections: Sequence[Selection],
+    evicting: Iterable[str],
+    now: datetime,
+    held_namespaces: frozenset[str] = frozenset(),
 ) -> PressureResult:
     """The device-pressure rule over one evaluation, after its budgets
     (``selections``: the valid budgets as evaluated; ``evicting``: pods a
-    budget's Evict was returned for)."""
-    facts = device_facts(inp, nodes, selections, evicting)
+    budget's Evict was returned for; ``held_namespaces``: namespaces with a
+    held budget, whose pods' shares are unknown)."""
+    facts = device_facts(inp, nodes, selections, evicting, held_namespaces)
     if not facts and not inp.pressure_rules:
         return PressureResult()
     previous = previous_entries(inp)

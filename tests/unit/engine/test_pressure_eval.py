@@ -18,6 +18,7 @@ from vramguard_operator.engine.types import (
     EngineInput,
     EngineOutput,
     Evict,
+    HeldBudget,
     PodFacts,
     PressureRule,
 )
@@ -82,6 +83,7 @@ def run(
     rules: dict[str, PressureRule] | None = None,
     policy: EffectivePolicy | None = None,
     shares_by_device: dict[str, int] | None = None,
+    held: dict[tuple[str, str], HeldBudget] | None = None,
 ) -> EngineOutput:
     return evaluate(
         EngineInput(
@@ -92,6 +94,7 @@ def run(
             policy=policy or EffectivePolicy(),
             pressure_rules={"ml": FIVE} if rules is None else rules,
             device_shares=shares_by_device or {},
+            held=held or {},
         )
     )
 
@@ -192,6 +195,25 @@ def test_a_larger_budget_limit_is_the_pods_share() -> None:
     pods = [pod("finetune-0", labels={"app": "big"}), pod("chat", labels={})]
     out = run([big], pods, gpu_report(0, {"finetune-0": 56, "chat": 15}, free=1), 0, shares_by_device={"GPU-0": 20 * GI})
     assert pressure_decisions(out) == []  # 56Gi is within its 60Gi; chat within the node's 20Gi
+
+
+def test_a_held_budget_leaves_its_namespaces_shares_unknown() -> None:
+    """While a budget is held (here the 60Gi one that made finetune-0's 46Gi
+    fine), which pods it selects is unknown: no pod of its namespace is chosen
+    on the node's share; a pod of another namespace still is."""
+    big = budget(name="big", uid="uid-big", selector={"matchLabels": {"app": "big"}}, per_device={"vram": "60Gi"})
+    pods = [pod("finetune-0", labels={"app": "big"}), pod("chat", labels={}), pod("batch", ns="web", labels={})]
+    used = {"finetune-0": 46, "chat": 10, "batch": 22}
+    rep = gpu_report(0, used, free=1, ns_batch="web")
+    rules, node_share = {"ml": FIVE, "web": FIVE}, {"GPU-0": 20 * GI}
+    hold = {("ml", "big"): HeldBudget("uid-big", "InvalidSpec", "spec.limits.perDevice.vram: bad")}
+    for budgets in ([big], []):  # held with its object, or its spec did not parse at all
+        out = run(budgets, pods, rep, 0, rules=rules, shares_by_device=node_share, held=hold)
+        [d] = pressure_decisions(out)
+        assert d.pod.name == "batch" and d.limit_bytes == 20 * GI
+    # without the hold, finetune-0 stands 26Gi above the node's share and goes first
+    out = run([], pods, rep, 0, rules=rules, shares_by_device=node_share)
+    assert [d.pod.name for d in pressure_decisions(out)] == ["finetune-0"]
 
 
 def test_the_strictest_limit_is_the_share() -> None:

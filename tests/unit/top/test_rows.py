@@ -223,6 +223,14 @@ def test_rows_sorted_by_state_then_pressure_and_non_gpu_or_finished_pods_left_ou
     assert missing.vram_bytes is None and missing.stale and missing.pressure is None
 
 
+def test_a_pod_holding_only_a_resource_claim_is_listed_before_any_report():
+    """A DRA pod requests no GPU resource: its claim makes it a GPU pod, as for the operator's pod watch."""
+    rerank = pod("rerank-0", gpus=0, node="n2")
+    rerank["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "rerank-gpu"}]
+    rows, _ = build_rows(Snapshot(pods=[rerank, pod("web", gpus=0, node="n2")], budgets=[], reports=[], now=NOW))
+    assert [r.pod for r in rows] == ["rerank-0"] and rows[0].vram_bytes is None and rows[0].stale
+
+
 def test_stale_report_is_marked_and_unknown_vram_shown_as_such():
     snap = Snapshot(pods=[pod("p")], reports=[report([usage("p", None)], age_s=300)], now=NOW)
     (row,) = build_rows(snap)[0]

@@ -23,7 +23,7 @@ from vramguard_operator.cli.top.limits import (
 from vramguard_operator.cli.top.model import STATES, DeviceFigure, Limit, Row, Snapshot
 from vramguard_operator.engine.records import records_from_annotation
 from vramguard_operator.engine.types import ANNOTATION_ORIGINAL_CPU, ANNOTATION_VIOLATIONS
-from vramguard_operator.policy.request import PodGPURequest
+from vramguard_operator.policy.sharers import may_use_gpu
 
 Reasons = tuple[set[str], list[str]]  # states found, and why
 
@@ -104,8 +104,10 @@ def _state(
 
 
 def _is_gpu_pod(pod: Mapping[str, Any]) -> bool:
+    """As the operator's pod watch judges it (``sharers.may_use_gpu``): GPU
+    resources, a sharer's annotations, or a ResourceClaim."""
     try:
-        return PodGPURequest.from_api(pod).is_gpu_pod
+        return may_use_gpu(pod)
     except (ValueError, TypeError):
         return False
 

@@ -429,3 +429,24 @@ def budget_manifest(
             "enforcement": {"mode": mode, "escalation": ladder},
         },
     }
+
+
+class Kube:
+    """The API groups the operator's e2e tests use."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.policy = client.PolicyV1Api(api)
+
+    def create_budget(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpumemorybudgets", manifest)
+
+    def pod(self, namespace: str, name: str) -> client.V1Pod | None:
+        """The pod, or None when it is gone."""
+        try:
+            return self.core.read_namespaced_pod(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise

@@ -30,6 +30,7 @@ from .operator_harness import (
     GROUP,
     ROOT,
     VERSION,
+    Kube,
     OperatorProcess,
     Usage,
     budget_manifest,
@@ -56,28 +57,6 @@ LADDER_FULL = [
     {"action": "Throttle", "after": "3s", "cpuLimit": "100m"},
     {"action": "Evict", "after": "6s"},
 ]
-
-
-class Kube:
-    """The API groups the tests use."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.policy = client.PolicyV1Api(api)
-
-    def create_budget(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "gpumemorybudgets", manifest
-        )
-
-    def pod(self, namespace: str, name: str) -> client.V1Pod | None:
-        try:
-            return self.core.read_namespaced_pod(name, namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from .operator_harness import (
@@ -30,6 +29,7 @@ from .operator_harness import (
     GROUP,
     ROOT,
     VERSION,
+    Kube,
     OperatorProcess,
     Usage,
     create_gpu_nodes,
@@ -43,21 +43,6 @@ from .operator_harness import (
 )
 
 pytestmark = pytest.mark.e2e
-
-
-class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.policy = client.PolicyV1Api(api)
-
-    def pod(self, namespace: str, name: str) -> client.V1Pod | None:
-        try:
-            return self.core.read_namespaced_pod(name, namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
 
 
 @pytest.fixture(scope="module")

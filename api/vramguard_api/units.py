@@ -88,6 +88,15 @@ def quantity_decimal(value: str | int | float | Decimal, field: str = "quantity"
         return _round_nano(_within_max(Decimal(value), value, field, value > 0))
     if len(value) > MAX_TEXT:
         raise ValueError(f"{field}: quantity {show(value)} is longer than {MAX_TEXT} characters")
+    return _text_quantity(value, field)
+
+
+# Specs, policies and implicit budgets repeat a few texts ("20Gi", "500m")
+# thousands of times a pass; a Decimal is immutable, so a parse can be shared.
+# Errors are not cached (lru_cache caches only returns).
+@functools.lru_cache(maxsize=4096)
+def _text_quantity(value: str, field: str) -> Decimal:
+    """A quantity's text (at most ``MAX_TEXT`` characters) as an exact Decimal (see ``quantity_decimal``)."""
     match = QUANTITY_GRAMMAR.fullmatch(value)
     if match is None:
         raise ValueError(f"{field}: invalid quantity {show(value)}: want a Kubernetes quantity such as 500m, 2 or 40Gi")

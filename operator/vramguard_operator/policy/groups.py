@@ -24,6 +24,7 @@ from vramguard_operator.policy.merge import MergedPolicy, merge
 from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.plan import Allocations, PolicyView, prepare
 from vramguard_operator.policy.ratelimit import EvictionLimiter
+from vramguard_operator.policy.rules import RuleCache
 
 
 def merged_policies(
@@ -109,6 +110,7 @@ def engine_groups(
     allocations: Allocations | None = None,
     held: Mapping[tuple[str, str], HeldBudget] | None = None,
     unknown_nodes: Mapping[str, str] | None = None,
+    rules: RuleCache | None = None,
 ) -> list[EngineGroup]:
     """The engine inputs of one evaluation: ``namespaces`` (those to evaluate,
     in order) grouped by effective policy (``policies``, from
@@ -118,7 +120,8 @@ def engine_groups(
     ``previous``: implicit budgets' last statuses by uid
     (``PolicyMemory.implicit_status``). ``held``: by (namespace, name), the
     budgets not to evaluate (their spec does not parse: ``EngineInput.held``);
-    ``unknown_nodes``: by node, why its data cannot be believed."""
+    ``unknown_nodes``: by node, why its data cannot be believed; ``rules``:
+    effective and implicit budgets and grants kept from earlier evaluations."""
     by_policy: dict[EffectivePolicy, list[str]] = {}
     for ns in namespaces:
         by_policy.setdefault(policies[ns].effective, []).append(ns)
@@ -132,6 +135,7 @@ def engine_groups(
             merged,
             previous,
             allocations,
+            rules,
         )
         inp = EngineInput(
             budgets=view.budgets,

@@ -47,12 +47,15 @@ from vramguard_operator.policy.groups import (
     node_facts,
 )
 from vramguard_operator.policy.implicit import IMPLICIT_UID_PREFIX, is_implicit
+from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.plan import PolicyMemory
 from vramguard_operator.policy.ratelimit import EvictionLimiter
+from vramguard_operator.policy.rules import RuleCache
 from vramguard_operator.simulate import limits as sim_limits
 from vramguard_operator.simulate.apply import applied, output_changes
 from vramguard_operator.simulate.fleet import Fleet, SimPod
 from vramguard_operator.simulate.inputs import node_report
+from vramguard_operator.simulate.nodes import SimNode
 from vramguard_operator.simulate.policyfile import PolicySet
 from vramguard_operator.simulate.triggers import EPOCH, BudgetKey, Triggers
 from vramguard_operator.simulate.workloads import NAMESPACES
@@ -114,6 +117,7 @@ class Vramguard:
         self.limiter = EvictionLimiter(config.default_rate_limit, config.eviction_retry_s, clock=lambda: self.t)
         self.limiter.configure({n: p.spec.eviction_rate_limit for n, p in by_name.items()})
         self.memory = PolicyMemory()
+        self.rules = RuleCache()  # as the operator keeps them between evaluations
         self.budgets = {_key(b): b for b in policy.budgets}
         self.status: dict[BudgetKey, GPUMemoryBudgetStatus | None] = dict.fromkeys(self.budgets)
         if not config.couple_devices and _compares_devices(policy):
@@ -123,6 +127,7 @@ class Vramguard:
         self.triggers = Triggers(self.budgets, config, fleet.tick_s)
         self.counts = ControlCounts()
         self._forget_at = 0.0
+        self._facts: dict[str, NodeFacts] = {}
         self._evicts: set[tuple[str, str, str, ViolationKey]] = set()
 
     # --- one tick ----------------------------------------------------------------------
@@ -134,6 +139,7 @@ class Vramguard:
         if fleet.removed and t >= self._forget_at:  # what gone pods left behind: unused, so dropped now and then
             live = [p.uid for p in fleet.pods.values()]
             self.memory.forget(live)
+            self.rules.forget((b.metadata.uid or "" for b in self.budgets.values()), live)
             self.limiter.forget(live)
             self._forget_at = t + FORGET_EVERY_S
         if self.config.caps:
@@ -174,12 +180,23 @@ class Vramguard:
             name: node_report(node, by_node[name], now, trends, self.fleet.tick_s, self.config.caps)
             for name, node in nodes.items()
         }
-        facts = node_facts({name: node.api() for name, node in nodes.items()}, reports)
+        facts = {name: self._node_facts(node) for name, node in nodes.items()}
         namespaces = sorted(pods_by_ns.keys() | budgets_by_ns.keys())
         return engine_groups(
             namespaces, self.namespace_policy, budgets_by_ns, pods_by_ns, gpu_by_ns, facts, self.merged,
-            reports, now, self.config.engine, self.memory.implicit_status,
+            reports, now, self.config.engine, self.memory.implicit_status, rules=self.rules,
         )
+
+    def _node_facts(self, node: SimNode) -> NodeFacts:
+        """What the policy code reads of a node: its labels, allocatable and every
+        device (as the operator reads them from a node's full report); built
+        once, since none of it changes in a run (what shares read of a device is
+        its total and usable memory, not what is in use)."""
+        kept = self._facts.get(node.name)
+        if kept is None:
+            full = node_report(node, (), EPOCH, {}, self.fleet.tick_s, self.config.caps, every_device=True)
+            kept = self._facts[node.name] = node_facts({node.name: node.api()}, {node.name: full})[node.name]
+        return kept
 
     # --- applying ------------------------------------------------------------------------
 

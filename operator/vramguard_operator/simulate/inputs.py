@@ -54,12 +54,14 @@ def node_report(
     trends: Mapping[str, TrendFeatures],
     tick_s: float,
     caps: bool = False,
+    every_device: bool = False,
 ) -> NodeGPUUsage:
     """The node's report at ``now`` covering ``pods`` (each on this node) and
-    the devices they use; with ``caps`` the agent applies memory limits
-    (``enforceCaps``) and says which devices support them (``limits``)."""
+    the devices they use (``every_device``: all the node's devices); with
+    ``caps`` the agent applies memory limits (``enforceCaps``) and says which
+    devices support them (``limits``)."""
     pods = list(pods)
-    gpus = list({id(p.gpu): p.gpu for p in pods if p.gpu is not None}.values())
+    gpus = list(node.gpus) if every_device else list({id(p.gpu): p.gpu for p in pods if p.gpu is not None}.values())
     devices = node.device_entries(gpus)
     if caps:
         for entry, gpu in zip(devices, gpus, strict=True):

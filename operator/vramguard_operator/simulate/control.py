@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.policy import EvictionRateLimit
 from vramguard_operator.engine.evaluate import evaluate
+from vramguard_operator.engine.outputs import DevicePressureReport
 from vramguard_operator.engine.types import (
     SIDE_EFFECT_DECISIONS,
     Decision,
@@ -150,14 +151,17 @@ class Vramguard:
             return
         now = EPOCH + timedelta(seconds=t)
         decided: set[str] = set()
+        devices: list[DevicePressureReport] = []
         for group in self._groups(pods, budgets, now):
             out = evaluate(group.input)
+            devices.extend(out.devices)
             self.counts.evaluations += 1
             self.counts.pods_evaluated += len(group.input.pods)
             self._apply(t, group, out)
             self._keep_statuses(t, group, out)
             decided.update(p.pod.uid for p in out.pod_patches)
             decided.update(d.pod.uid for d in out.decisions if d.pod is not None)
+        self.triggers.devices_judged(devices)
         self.triggers.evaluated(t, pods, budgets, decided)
 
     def _groups(self, pods: Iterable[SimPod], budgets: Iterable[BudgetKey], now: datetime) -> list[EngineGroup]:

@@ -25,12 +25,22 @@ found quiet is quiet too. A pod is therefore evaluated at a tick only when:
 
 The set is closed over budgets (every pod a budget selects, with the budget:
 a budget's status is computed from all its pods) and, with
-``couple_devices``, over devices (every pod sharing a device with one
-evaluated, for a rule that compares the pods of a device: the
-device-pressure rule, which turns it on (``Vramguard``); the budgets' rules
-do not, and coupling costs about three times the evaluations on 4-way shared
-devices). ``exhaustive``
-evaluates every pod at every tick; the tests check it decides the same.
+``couple_devices``, over the devices that may be under a rule's threshold
+(every pod sharing such a device with one evaluated, for a rule that compares
+the pods of a device: the device-pressure rule, which turns it on
+(``Vramguard``); the budgets' rules do not). A device is *clear* while its
+last evaluation with all its pods found it ``Clear`` (free memory at least
+the threshold) with a slack of ``free - threshold`` bytes, its pods are the
+same (none came, went, began terminating or finished), and what moved since
+cannot have used that slack up: the threshold is the largest of the rules'
+minimums (fixed per device) and of the rooms of pods within their shares
+(``share - used``, each moving by what its pod's use moves), so the slack
+shrinks by at most the change in the device's used memory plus the sum of
+its pods' changes. On a clear device the rule decides ``Clear`` for any of
+its pods, as for all (fewer pods give a threshold no higher), so a pod there
+is evaluated alone; every other device brings all its pods, also when none
+of them is due (its slack may be gone). ``exhaustive`` evaluates every pod
+at every tick; the tests check it decides the same.
 """
 
 from __future__ import annotations
@@ -44,9 +54,11 @@ from typing import TYPE_CHECKING, Any
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.history import HistoryStore
 from vramguard_api.trend import TrendFeatures
+from vramguard_operator.engine.outputs import DevicePressureReport
 from vramguard_operator.engine.selectors import Matcher, compile_selector
 from vramguard_operator.engine.types import ANNOTATION_VIOLATIONS
 from vramguard_operator.simulate.fleet import Fleet, SimPod
+from vramguard_operator.simulate.nodes import GPU
 
 if TYPE_CHECKING:
     from vramguard_operator.simulate.control import ControlConfig
@@ -142,6 +154,9 @@ class Triggers:
         self.trends: dict[str, HistoryStore] = {}
         self.trend_pods: set[SimPod] = set()
         self.last_trend: dict[SimPod, TrendFeatures | None] = {}
+        self.clear: dict[int, _ClearDevice] = {}  # id(GPU) -> its last slack, with couple_devices
+        self._hot: dict[int, bool] = {}  # this tick's verdicts of ``_is_hot``
+        self._coupled: dict[int, tuple[GPU, _ClearDevice]] = {}  # devices evaluated with all their pods
 
     # --- collecting ---------------------------------------------------------------------
 
@@ -170,6 +185,12 @@ class Triggers:
             u = tr.usage
             if v > u.hi or v < u.lo or t >= tr.due:
                 pods.add(p)
+        self._hot, self._coupled = {}, {}
+        if self.config.couple_devices:
+            for node in fleet.nodes:
+                for gpu in node.gpus:
+                    if gpu.pods and self._is_hot(gpu):
+                        pods.update(q for q in gpu.pods if not q.gone and q in self.tracks)
         for key, interval in self.totals.items():
             if interval.outside(sum(p.held() for p in self.budget_pods[key] if not p.terminating)):
                 budgets.add(key)
@@ -222,8 +243,10 @@ class Triggers:
             if p in seen or p.gone or p.gpu is None or p not in self.tracks:
                 continue
             seen.add(p)
-            if self.config.couple_devices:
+            if self.config.couple_devices and self._is_hot(p.gpu):
                 todo.extend(p.gpu.pods)
+                if id(p.gpu) not in self._coupled:
+                    self._coupled[id(p.gpu)] = (p.gpu, _ClearDevice.now(p.gpu, 0))
             for k in self.pod_budgets.get(p, ()):
                 if k not in budgets:
                     budgets.add(k)
@@ -231,6 +254,34 @@ class Triggers:
         for p in seen:
             self.tracks[p].wake = INF  # recomputed from this evaluation's statuses
         return seen, budgets
+
+    def _is_hot(self, gpu: GPU) -> bool:
+        """Whether the device may be under a rule's threshold (see the module doc)."""
+        hot = self._hot.get(id(gpu))
+        if hot is None:
+            kept = self.clear.get(id(gpu))
+            hot = self._hot[id(gpu)] = kept is None or kept.used_up(gpu)
+        return hot
+
+    def devices_judged(self, reports: Iterable[DevicePressureReport]) -> None:
+        """After a tick's evaluations: each device evaluated with all its pods is
+        clear with the slack its reports give (the smallest over the groups it
+        was judged in: each group's threshold is the largest over its pods, so
+        the device's is the largest of theirs), not clear when a report is not
+        ``Clear``, and clear without limit when no report names it (no pod on
+        it has a rule)."""
+        slack: dict[str, float] = {}
+        for r in reports:
+            if r.state != "Clear" or r.free_bytes is None or r.min_free_bytes is None:
+                slack[r.device] = -INF
+            else:
+                slack[r.device] = min(slack.get(r.device, INF), float(r.free_bytes - r.min_free_bytes))
+        for key, (gpu, seen) in self._coupled.items():
+            found = slack.get(gpu.uuid, INF)
+            if found < 0:
+                self.clear.pop(key, None)
+            else:
+                self.clear[key] = _ClearDevice(seen.members, seen.used, seen.held, found)
 
     def trend_features(self) -> dict[str, TrendFeatures]:
         """The current trend features of the pods a leak-detecting budget selects, by uid."""
@@ -291,6 +342,35 @@ class Triggers:
             parts.append(entries.get(pod.name, ()))
             parts.append(entries.get(None, ()))
         return tuple(parts) if any(parts) else ()
+
+
+class _ClearDevice:
+    """A device evaluated with all its pods and found ``Clear``: its pods
+    (uid, terminating, phase), its used memory and each pod's (bytes) then,
+    and its slack (free memory above the threshold, bytes; ``inf`` when no
+    pod on it has a rule)."""
+
+    __slots__ = ("members", "used", "held", "slack")
+
+    def __init__(self, members: frozenset[tuple[str, bool, str]], used: int, held: dict[str, int],
+                 slack: float) -> None:
+        self.members, self.used, self.held, self.slack = members, used, held, slack
+
+    @classmethod
+    def now(cls, gpu: GPU, slack: float) -> _ClearDevice:
+        live = [q for q in gpu.pods if not q.gone]
+        members = frozenset((q.uid, q.terminating, q.facts.phase) for q in live)
+        return cls(members, gpu.device.used_bytes, {q.uid: q.held() for q in live}, slack)
+
+    def used_up(self, gpu: GPU) -> bool:
+        """Whether its pods changed, or what moved since may exceed the slack."""
+        live = [q for q in gpu.pods if not q.gone]
+        if frozenset((q.uid, q.terminating, q.facts.phase) for q in live) != self.members:
+            return True
+        if self.slack == INF:
+            return False
+        moved = abs(gpu.device.used_bytes - self.used) + sum(abs(q.held() - self.held[q.uid]) for q in live)
+        return moved > self.slack
 
 
 def _entry_sig(entry: Any) -> Signature:

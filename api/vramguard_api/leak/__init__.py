@@ -40,7 +40,7 @@ from .evidence import FAST_BLOCK_SECONDS, Evidence, baseline_seconds, fast_block
 from .evidence import MIN_POINTS as FAST_MIN_POINTS
 from .floor import floor_points
 from .rise import Rise, fit_rise
-from .series import Samples, current_segment, restarts, validate_series
+from .series import Samples, current_segment, previous_segment, restarts, validate_series
 
 if TYPE_CHECKING:
     from ..trend import TrendFeatures
@@ -144,8 +144,17 @@ def analyse(times_s: Samples, values_bytes: Samples, counts: Samples | None = No
     floor = floor_points(st, sv) if st.size >= 3 else None
     rise = fit_rise(st, sv, floor) if floor is not None else None
     raw_dt = _raw_interval(t, counts, len(times_s))
-    evidence = fit_evidence(st, sv, rise.excursion_seconds, raw_dt) if rise is not None else None
+    evidence = (fit_evidence(st, sv, rise.excursion_seconds, raw_dt, lambda: _previous_rose(t, v))
+                if rise is not None else None)
     return Analysis(t, v, st, sv, floor, rise, evidence, raw_dt)
+
+
+def _previous_rose(t: np.ndarray, v: np.ndarray) -> bool:
+    """Whether the process life before the current segment ended on a structural
+    rise (the slow path's, threshold-free): it leaked until it restarted (an OOM)."""
+    pt, pv = previous_segment(t, v)
+    rise = fit_rise(pt, pv) if pt.size >= 3 else None
+    return rise is not None and rise.structural
 
 
 def _raw_interval(t: np.ndarray, counts: Samples | None, n: int) -> float:

@@ -31,7 +31,9 @@ A segment whose start (the process's, or a restart's) lies within the last hour
 may instead qualify with a rise *from the process's start* (``_start_index``):
 from the end of the model load (``LOAD_SECONDS``), rising within
 ``START_FLAT_SECONDS`` of it, with every test above but the flat floor before
-it, once the process has run ``START_SECONDS``.
+it, once the process has run ``START_SECONDS``, or at once when the process
+life before it (the series shows a restart) ended on a structural rise: that
+workload was seen to leak, not to cycle.
 
 A qualifying rise is a leak when it has lasted ``minEvidence`` and the lower
 bound of its growth is at least ``minGrowthPerHour`` (``leak.decide``): a fast,
@@ -42,13 +44,14 @@ before ``minWindow`` and waits for the slow path.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..robust import TheilSen, median, median_slope, theil_sen
 from .floor import floor_points, misread, rolling_floor
-from .rise import longest_excursion, onset_index, persists, rise_end, scatter
+from .rise import STEPS_RATIO, longest_excursion, onset_index, persists, rise_end, scatter, staircase
 
 HOUR = 3600.0
 
@@ -107,6 +110,7 @@ of the model load: a floor held longer than that after the load and then rising
 is a rise after a (short) flat floor, which needs the baseline of any other."""
 LOAD_SECONDS = 180.0
 """A rise from the process's start is measured from this long after it: a model load."""
+STAIRCASE = "two step-ups with a flat floor between them (three levels fit it better than a line)"
 NO_BASELINE = "no flat floor before it (the process's start, or too few points)"
 NOT_FLAT = "the floor before it was not flat"
 NOT_FROM_FLOOR = "it does not start from the floor before it"
@@ -159,14 +163,18 @@ def baseline_seconds(block_seconds: float) -> float:
 
 
 def fit_evidence(
-    st: np.ndarray, sv: np.ndarray, excursion_seconds: float, raw_interval_seconds: float
+    st: np.ndarray, sv: np.ndarray, excursion_seconds: float, raw_interval_seconds: float,
+    previous_rose: Callable[[], bool] | None = None,
 ) -> Evidence | None:
     """The recent rise of a segment (``current_segment``'s output); None when the
     segment's last hour holds too few floor points for a baseline and a rise (and
     no rise from the process's start), or when its last points do not all stand
     above the floor before them (``_nothing_recent``).
     ``excursion_seconds``: the longest excursion of the segment (``Rise``);
-    ``raw_interval_seconds``: the time between raw samples (see ``fast_block_seconds``)."""
+    ``raw_interval_seconds``: the time between raw samples (see ``fast_block_seconds``);
+    ``previous_rose``: whether the process life before this segment ended on a
+    structural rise (asked only for a rise from the process's start that has not
+    yet lasted ``START_SECONDS``: such a rise then need not wait, see ``_objection``)."""
     width, ft, fv = _fine_floor(st, sv, fast_block_seconds(raw_interval_seconds))
     if ft.size <= MIN_POINTS or _nothing_recent(fv):
         return None  # no rise to fit
@@ -182,7 +190,10 @@ def fit_evidence(
     start = _start_index(st, ft, fv, width)
     if start is None:
         return evidence
-    return _evidence(ft, fv, start, excursion_seconds, (width, baseline), float(st[0]))
+    evidence = _evidence(ft, fv, start, excursion_seconds, (width, baseline), float(st[0]))
+    if evidence.objection == START_OBJECTION and previous_rose is not None and previous_rose():
+        return replace(evidence, objection=None)  # the life before leaked: no cycle to wait for
+    return evidence
 
 
 def _evidence(
@@ -305,6 +316,9 @@ def _objection(
         return "within the noise"
     if not persists(rt, rv, slope, PERSISTENCE, True):
         return "not a steady ramp (a step)"
+    steps, held = staircase(rt, rv)
+    if steps < STEPS_RATIO and held >= blocks[1]:  # the floor held a baseline between two steps
+        return STAIRCASE
     rising = onset if process_start is not None else _first_rising(ft, fv, onset, blocks[1])
     if _slowing(ft[rising:], fv[rising:]) or rise_end(rt, rv, PLATEAU_GAIN) < rt[-1]:
         return "slowing down (a warm-up, a cache filling up, a step that stops)"

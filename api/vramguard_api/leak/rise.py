@@ -199,26 +199,33 @@ def staircase_ratio(rt: np.ndarray, rv: np.ndarray) -> float:
 
     A leak's floor, even in stairs of many small steps, is closer to a line than to
     three levels; one or two step-ups (a cache, a bigger batch, a rollout) are three
-    levels. All pairs of breaks at once, from cumulative sums (at most a few hundred
-    pairs: the agent's 2-hour history holds 24 slow-path floor points)."""
+    levels."""
+    return staircase(rt, rv)[0]
+
+
+def staircase(rt: np.ndarray, rv: np.ndarray) -> tuple[float, float]:
+    """(``staircase_ratio``, seconds the best staircase's middle level lasts: from its
+    first point to the first point of the level above). All pairs of breaks at once,
+    from cumulative sums (a few hundred pairs: the agent's 2-hour history holds 24
+    slow-path floor points, and the fast path's hour 60)."""
     n = rv.size
     if n < 5:
-        return 1.0
+        return 1.0, 0.0
     x = rv - rv.mean()  # centred: the sums of squares stay exact in floating point
     line = x - np.polyval(np.polyfit(rt - rt.mean(), x, 1), rt - rt.mean())
     line_sse = float(line @ line)
     if line_sse <= 0:
-        return 1.0
+        return 1.0, 0.0
     s1, s2 = np.concatenate(([0.0], np.cumsum(x))), np.concatenate(([0.0], np.cumsum(x * x)))
-    i, j = np.triu_indices(n + 1, 1)  # all segment bounds [i, j)
+    i, j = np.triu_indices(n, 1)  # the middle level is [i, j): a level on each side
+    i, j = i[i >= 1], j[i >= 1]
 
-    def sse(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return s2[b] - s2[a] - (s1[b] - s1[a]) ** 2 / (b - a)
+    def sse(a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray:
+        return s2[b] - s2[a] - (s1[b] - s1[a]) ** 2 / (np.asarray(b) - a)
 
-    inner = (i >= 1) & (j <= n - 1)  # the middle level [i, j) leaves a level on each side
-    best = np.min(sse(np.zeros_like(i[inner]), i[inner]) + sse(i[inner], j[inner])
-                  + sse(j[inner], np.full_like(j[inner], n)))
-    return float(max(best, 0.0) / line_sse)
+    total = sse(0, i) + sse(i, j) + sse(j, n)
+    best = int(np.argmin(total))
+    return float(max(total[best], 0.0) / line_sse), float(rt[j[best]] - rt[i[best]])
 
 
 def longest_excursion(ft: np.ndarray, fv: np.ndarray, smooth: bool = False) -> float:

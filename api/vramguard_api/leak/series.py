@@ -68,6 +68,16 @@ def current_segment(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return t[start:][keep], v[start:][keep]
 
 
+def previous_segment(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of the process life before the current one (``current_segment``'s
+    output for the series up to the last restart), zeros left out; empty arrays
+    when the series shows no restart."""
+    start, zero = segment_start(t, v)
+    if start >= t.size or not zero[:start].any() or zero[:start].all():
+        return t[:0], v[:0]
+    return current_segment(t[:start], v[:start])
+
+
 def segment_start(t: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray]:
     """(index where the current segment starts, mask of the zero samples)."""
     positive = v[v > 0]

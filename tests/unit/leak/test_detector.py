@@ -22,6 +22,7 @@ from vramguard_api.leak import (
     validate_series,
     verdict_growth,
 )
+from vramguard_api.leak.rise import STEPS_RATIO, staircase_ratio
 from vramguard_api.trend import compute_trend
 
 MIB, GIB, MINUTE, HOUR = 2**20, 2**30, 60.0, 3600.0
@@ -331,6 +332,31 @@ def test_a_cycle_that_starts_with_the_process_and_turns_is_no_leak():
     assert first_leak(t, v, 0.0) is None
 
 
+def two_lives(first_rate: float, rate: float, first_minutes: float = 40.0, minutes: float = 45.0):
+    """A process that loads and grows at ``first_rate`` (bytes per hour) for
+    ``first_minutes``, is down for 2 minutes (zeros) and starts again, growing at
+    ``rate`` from its load; times in seconds, and the second start's."""
+    t1, v1 = started(*flat_then(0, first_minutes, lambda s: first_rate * s / HOUR, seed=1))
+    t2, v2 = started(*flat_then(0, minutes, lambda s: rate * s / HOUR, seed=2))
+    restart = t1[-1] + 2 * MINUTE
+    down = np.arange(t1[-1] + 10.0, restart, 10.0)
+    return (np.concatenate((t1, down, t2 + restart)), np.concatenate((v1, np.zeros(down.size), v2)), restart)
+
+
+def test_a_leak_after_a_restart_from_a_leak_need_not_wait_for_a_cycle():
+    # The life before ended on a structural rise (an OOM): this workload leaks, and the
+    # new life's rise from its start is called once it is measured, not after START_SECONDS.
+    t, v, restart = two_lives(6 * GIB, 6 * GIB)
+    assert fit_rise(*current_segment(*prefix(t, v, restart - MINUTE))).structural
+    after_leak = first_leak(t, v, restart)
+    assert after_leak is not None and after_leak < 25
+    # After a life whose floor held flat (a rollout), the same rise waits as any rise
+    # from the process's start does.
+    t, v, restart = two_lives(0.0, 6 * GIB)
+    after_flat = first_leak(t, v, restart)
+    assert after_flat is not None and after_flat >= 30
+
+
 def test_a_rise_after_a_short_hold_is_not_one_from_the_process_start():
     # Flat for 9 minutes from the start (5 after the load and a block), then the leak: too
     # short a baseline for the fast path, and not a rise from the start either.
@@ -349,6 +375,29 @@ def test_a_cache_that_fills_up_and_stops_is_no_leak(tau_s):
 def test_a_step_up_is_no_leak():
     t, v = flat_then(60, 60, lambda s: np.where(s > 0, 3 * GIB, 0.0))
     assert first_leak(t, v, 60 * MINUTE) is None
+
+
+@pytest.mark.parametrize("apart_min", [20.0, 25.0, 30.0])
+def test_two_step_ups_that_stop_are_no_leak(apart_min):
+    # Two steps of 2.5 GiB: on 5-minute blocks a rise of two steps reads as a ramp
+    # until a staircase of three levels is weighed against the line.
+    def steps(s):
+        return np.where(s > 0, 2.5 * GIB, 0.0) + np.where(s > apart_min * MINUTE, 2.5 * GIB, 0.0)
+
+    t, v = flat_then(60, 90, steps)
+    assert first_leak(t, v, 60 * MINUTE) is None
+
+
+def test_stairs_of_many_steps_are_still_a_leak_to_the_slow_path():
+    # 250 MiB kept every 6 minutes (2.5 GiB/h): stairs, but many more than two steps.
+    t, v = flat_then(60, 60, lambda s: 250 * MIB * np.floor(s / (6 * MINUTE)))
+    found = first_leak(t, v, 60 * MINUTE, min_evidence_seconds=30 * MINUTE)  # the slow path alone
+    assert found is not None and found <= 45
+    ft, fv = analyse(*prefix(t, v, (60 + found) * MINUTE)).floor
+    rising = ft >= 60 * MINUTE
+    assert staircase_ratio(ft[rising], fv[rising]) >= STEPS_RATIO
+    step_t = np.arange(0.0, 3600.0, 300.0)
+    assert staircase_ratio(step_t, np.where(step_t > 1000, 1.0, 0.0) + np.where(step_t > 2500, 1.0, 0.0)) < 0.01
 
 
 def test_a_rise_out_of_a_trough_is_not_called_early():

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..robust import median
-from .evidence import FAST_BLOCK_SECONDS, Evidence, baseline_seconds, fast_block_seconds, fit_evidence
+from .evidence import FAST_BLOCK_SECONDS, START_SECONDS, Evidence, baseline_seconds, fast_block_seconds, fit_evidence
 from .evidence import MIN_POINTS as FAST_MIN_POINTS
 from .floor import floor_points
 from .rise import Rise, fit_rise
@@ -150,10 +150,14 @@ def analyse(times_s: Samples, values_bytes: Samples, counts: Samples | None = No
 
 
 def _previous_rose(t: np.ndarray, v: np.ndarray) -> bool:
-    """Whether the process life before the current segment ended on a structural
-    rise (the slow path's, threshold-free): it leaked until it restarted (an OOM)."""
+    """Whether the process life before the current segment lasted ``START_SECONDS``
+    and ended on a structural rise (the slow path's, threshold-free): it leaked
+    until it restarted (an OOM). A shorter life may have died in a warm-up or in
+    a cycle's first rise (a crash loop, a rollout), which proves nothing."""
     pt, pv = previous_segment(t, v)
-    rise = fit_rise(pt, pv) if pt.size >= 3 else None
+    if pt.size < 3 or pt[-1] - pt[0] < START_SECONDS:
+        return False
+    rise = fit_rise(pt, pv)
     return rise is not None and rise.structural
 
 

@@ -195,7 +195,9 @@ def climbs(pt: np.ndarray, pv: np.ndarray, slope: float, ratio: float = PERSISTE
 def staircase_ratio(rt: np.ndarray, rv: np.ndarray) -> float:
     """Squared error of the best staircase of at most two steps (three levels, each
     the mean of its points) over that of the least-squares line, both fitted to the
-    rise's floor points; 1.0 when the line fits exactly or with fewer than 5 points.
+    rise's floor points; 1.0 when the line fits exactly, 0.0 with fewer than 3 points.
+    With few points it is small whatever the shape: a rise of 4 floor points (a
+    logger gap in it) cannot be told from two steps.
 
     A leak's floor, even in stairs of many small steps, is closer to a line than to
     three levels; one or two step-ups (a cache, a bigger batch, a rollout) are three
@@ -209,8 +211,8 @@ def staircase(rt: np.ndarray, rv: np.ndarray) -> tuple[float, float]:
     from cumulative sums (a few hundred pairs: the agent's 2-hour history holds 24
     slow-path floor points, and the fast path's hour 60)."""
     n = rv.size
-    if n < 5:
-        return 1.0, 0.0
+    if n < 3:
+        return 0.0, 0.0  # three levels fit any two points
     x = rv - rv.mean()  # centred: the sums of squares stay exact in floating point
     line = x - np.polyval(np.polyfit(rt - rt.mean(), x, 1), rt - rt.mean())
     line_sse = float(line @ line)

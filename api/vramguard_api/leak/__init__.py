@@ -14,10 +14,13 @@ Outline of :func:`analyse`, which :func:`detect_leak` and
    it, a sawtooth, eval spikes and request bursts do not.
 3. **Slow path** (``rise.py``): a hockey stick on the 5-minute floor of the whole
    segment gives the onset; the rise is *structural* when it is significant,
-   persists, still climbs and outlasts any excursion already seen.
+   persists, still climbs, outlasts any excursion already seen and is no
+   staircase of one or two steps.
 4. **Fast path** (``evidence.py``): the last hour's 1-minute floor; a recent
    rise from a flat baseline that is clean, linear and still climbing
-   *qualifies*.
+   *qualifies*; so does a rise from the process's start once the process has
+   run ``START_SECONDS``, or at once after a life that ended on a structural
+   rise (an OOM restart: ``rise.previous_life_rose``).
 
 :func:`decide` then calls a leak when the structural rise has lasted
 ``minWindow`` (and ``minEvidence``) and grows at ``minGrowthPerHour`` or more,
@@ -39,8 +42,8 @@ from ..robust import median
 from .evidence import FAST_BLOCK_SECONDS, START_SECONDS, Evidence, baseline_seconds, fast_block_seconds, fit_evidence
 from .evidence import MIN_POINTS as FAST_MIN_POINTS
 from .floor import floor_points
-from .rise import Rise, fit_rise
-from .series import Samples, current_segment, previous_segment, restarts, validate_series
+from .rise import Rise, fit_rise, previous_life_rose
+from .series import Samples, current_segment, restarts, validate_series
 
 if TYPE_CHECKING:
     from ..trend import TrendFeatures
@@ -144,21 +147,9 @@ def analyse(times_s: Samples, values_bytes: Samples, counts: Samples | None = No
     floor = floor_points(st, sv) if st.size >= 3 else None
     rise = fit_rise(st, sv, floor) if floor is not None else None
     raw_dt = _raw_interval(t, counts, len(times_s))
-    evidence = (fit_evidence(st, sv, rise.excursion_seconds, raw_dt, lambda: _previous_rose(t, v))
+    evidence = (fit_evidence(st, sv, rise.excursion_seconds, raw_dt, lambda: previous_life_rose(t, v, START_SECONDS))
                 if rise is not None else None)
     return Analysis(t, v, st, sv, floor, rise, evidence, raw_dt)
-
-
-def _previous_rose(t: np.ndarray, v: np.ndarray) -> bool:
-    """Whether the process life before the current segment lasted ``START_SECONDS``
-    and ended on a structural rise (the slow path's, threshold-free): it leaked
-    until it restarted (an OOM). A shorter life may have died in a warm-up or in
-    a cycle's first rise (a crash loop, a rollout), which proves nothing."""
-    pt, pv = previous_segment(t, v)
-    if pt.size < 3 or pt[-1] - pt[0] < START_SECONDS:
-        return False
-    rise = fit_rise(pt, pv)
-    return rise is not None and rise.structural
 
 
 def _raw_interval(t: np.ndarray, counts: Samples | None, n: int) -> float:

@@ -19,7 +19,10 @@ of these hold (``_objection`` names the first that fails):
 - it is a ramp, not a step nor a warm-up nor a cache filling up: each half
   climbs at ``PERSISTENCE`` of the slope, the second half at ``SLOWING`` of the
   first half's, a parabola bends it down by at most ``BENDING``, and no
-  rise-then-plateau fit explains it better;
+  rise-then-plateau fit explains it better; nor two step-ups with a flat floor
+  between them (``rise.staircase``: three levels fit it with less than
+  ``STEPS_RATIO`` of the line's squared error, the middle one held for a
+  baseline or more);
 - the floor was flat before it (``_flat_before``): a baseline of
   ``BASELINE_SECONDS`` (and ``BASELINE_BLOCKS`` blocks) before the onset, flat
   as a whole and in each half, around the level the rise starts from. A rise

@@ -5,9 +5,10 @@ A hockey stick (flat, then rising linearly from an onset) is fitted to the
 floor; the Theil–Sen slope since the onset, with its 95% confidence interval, is
 the growth. The rise is *structural* when it is significant (lower bound at
 least ``MIN_LOW_RATIO`` of the growth, rise at least ``MIN_SNR`` times the
-floor's scatter), persists (each half climbs), is still climbing (its tail) and
+floor's scatter), persists (each half climbs), is still climbing (its tail),
 has lasted longer than any excursion the segment has already come back down
-from (a cycle's rising half is no leak).
+from (a cycle's rising half is no leak), and is not a staircase of one or two
+steps (``staircase``: step-ups that stopped).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from ..robust import median
 from ..robust import theil_sen as theilslopes  # scipy.stats.theilslopes without scipy: see robust.py
 from .floor import BLOCK_SECONDS, floor_points, misread
+from .series import previous_segment
 
 MIB = 2**20
 HOUR = 3600.0
@@ -120,6 +122,19 @@ def fit_rise(
     )
 
 
+def previous_life_rose(t: np.ndarray, v: np.ndarray, min_life_seconds: float) -> bool:
+    """Whether the process life before the current segment of a series (seconds,
+    bytes: ``validate_series``'s output) lasted ``min_life_seconds`` or more and
+    ended on a structural rise (threshold-free): it leaked until it restarted (an
+    OOM). A shorter life may have died in a warm-up or in a cycle's first rise (a
+    crash loop, a rollout), which proves nothing. False without a restart."""
+    pt, pv = previous_segment(t, v)
+    if pt.size < 3 or pt[-1] - pt[0] < min_life_seconds:
+        return False
+    rise = fit_rise(pt, pv)
+    return rise is not None and rise.structural
+
+
 def scatter(resid: np.ndarray) -> float:
     """Robust standard deviation (1.4826 × MAD), at least 1 MiB."""
     return max(1.4826 * median(np.abs(resid - median(resid))), MIB)
@@ -195,9 +210,9 @@ def climbs(pt: np.ndarray, pv: np.ndarray, slope: float, ratio: float = PERSISTE
 def staircase_ratio(rt: np.ndarray, rv: np.ndarray) -> float:
     """Squared error of the best staircase of at most two steps (three levels, each
     the mean of its points) over that of the least-squares line, both fitted to the
-    rise's floor points; 1.0 when the line fits exactly, 0.0 with fewer than 3 points.
-    With few points it is small whatever the shape: a rise of 4 floor points (a
-    logger gap in it) cannot be told from two steps.
+    rise's floor points; 1.0 when the line fits exactly, 0.0 with 3 points or
+    fewer (three levels fit them exactly: such a rise, a logger gap in it,
+    cannot be told from two steps).
 
     A leak's floor, even in stairs of many small steps, is closer to a line than to
     three levels; one or two step-ups (a cache, a bigger batch, a rollout) are three
@@ -211,8 +226,8 @@ def staircase(rt: np.ndarray, rv: np.ndarray) -> tuple[float, float]:
     from cumulative sums (a few hundred pairs: the agent's 2-hour history holds 24
     slow-path floor points, and the fast path's hour 60)."""
     n = rv.size
-    if n < 3:
-        return 0.0, 0.0  # three levels fit any two points
+    if n <= 3:
+        return 0.0, 0.0  # three levels fit three points exactly
     x = rv - rv.mean()  # centred: the sums of squares stay exact in floating point
     line = x - np.polyval(np.polyfit(rt - rt.mean(), x, 1), rt - rt.mean())
     line_sse = float(line @ line)

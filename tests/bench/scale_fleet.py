@@ -30,8 +30,9 @@ from tests.e2e.operator_harness import GI, GROUP, VERSION, gpu_node_manifest, st
 from tests.unit.chart.rbac import read_events
 
 # VG_SCALE_POLICY=recommended: the policy also sets devicePressure (minFree 5%)
-# and softLimits: Share, as examples/recommended-policy.yaml does; every pod of
-# a node is then evaluated with any one of them, and no pod is quiet
+# and softLimits: Share, as examples/recommended-policy.yaml does (the pods of
+# a node are then evaluated together while one of its devices is near its
+# threshold, and a pod is quiet only once its soft limits stand at its share)
 POLICY_EXTRA: dict[str, Any] = (
     {"devicePressure": {"minFree": "5%"}, "softLimits": "Share"}
     if os.environ.get("VG_SCALE_POLICY") == "recommended" else {}
@@ -240,8 +241,11 @@ def _report_status(slots: Iterable[PodSlot]) -> dict[str, Any]:
     return {
         "sampleTime": stamp(datetime.now(UTC)),
         "agent": {"version": "bench", "backend": "sim", "sampleIntervalSeconds": 5},
+        # each device's used memory is its pod's (a complete report, as the agent's): the
+        # device-pressure rule can judge it (without it every device is Unknown)
         "devices": [{"uuid": f"GPU-{slots[0].node}-{d}", "index": d, "modelName": "NVIDIA H100 80GB HBM3",
-                     "memory": {"totalBytes": 80 * GI, "reservedBytes": 0, "usableBytes": 80 * GI}}
+                     "memory": {"totalBytes": 80 * GI, "reservedBytes": 0, "usableBytes": 80 * GI,
+                                "usedBytes": slots[d].vram if d < len(slots) else 0}}
                     for d in range(PODS_PER_NODE)],
         "pods": [{"uid": s.uid, "namespace": s.namespace, "name": s.name, "attribution": "Measured",
                   "vramBytes": s.vram, "ramWorkingSetBytes": 4 * GI,
@@ -341,26 +345,45 @@ def operator_kubeconfig(api: client.ApiClient, admin_kubeconfig: str, path: Path
 
 @dataclass
 class Requests:
-    """The operator's requests in a window, from the audit log."""
+    """The operator's requests in a window, from the audit log (hack/cluster/up.sh
+    logs every ServiceAccount request at Metadata level, RequestReceived left
+    out): ``total``, the requests that completed in the window (stage
+    ResponseComplete: every request once, a watch when it ends), ``writes``
+    those of them that create, update, patch or delete, ``watches`` the
+    watches opened in the window (stage ResponseStarted), ``by_verb`` the
+    completed ones by "verb resource[/subresource]" and ``codes`` by response
+    code. A window with no line of the operator's account has no request in it."""
 
     total: int
     writes: int
+    watches: int
     by_verb: dict[str, int]
+    codes: dict[int, int]
 
 
 def operator_requests(audit: AuditLog, offset: int) -> Requests:
+    """The requests of the benchmark's operator account after ``offset`` (bytes of the log)."""
     user = f"system:serviceaccount:{SYSTEM_NS}:{ACCOUNT}"
     by_verb: dict[str, int] = {}
+    codes: dict[int, int] = {}
+    watches = 0
     for ev in read_events(audit.path, offset):
         if (ev.get("user") or {}).get("username") != user:
             continue
         verb = ev.get("verb", "")
+        if ev.get("stage") == "ResponseStarted":
+            watches += verb == "watch"
+            continue
+        if ev.get("stage") != "ResponseComplete":
+            continue
         res = (ev.get("objectRef") or {}).get("resource", "")
         sub = (ev.get("objectRef") or {}).get("subresource")
         key = f"{verb} {res}{'/' + sub if sub else ''}"
         by_verb[key] = by_verb.get(key, 0) + 1
+        code = int((ev.get("responseStatus") or {}).get("code") or 0)
+        codes[code] = codes.get(code, 0) + 1
     writes = sum(n for k, n in by_verb.items() if k.split()[0] in ("create", "update", "patch", "delete"))
-    return Requests(sum(by_verb.values()), writes, by_verb)
+    return Requests(sum(by_verb.values()), writes, watches, by_verb, codes)
 
 
 # --- process figures ------------------------------------------------------------------------

@@ -138,6 +138,9 @@ class ClusterCache:
             self.dirt.gone.add(uid)
             self._unindex_pod(cur)
             self._mark_sharers(cur)
+            # its node's other pods: the device-pressure rule judges their devices without it
+            if cur.facts.node_name:
+                self.dirt.pods |= self.pods_on_node.get(cur.facts.node_name, set())
             return
         kinds.add(kind)
         if cur is None:

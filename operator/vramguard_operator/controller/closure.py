@@ -20,15 +20,18 @@ def closure(
     ns_rule: Callable[[str], bool],
     names: set[BudgetKey],
     uids: set[str],
-) -> tuple[set[BudgetKey], set[str]]:
+    far: Callable[[str], bool] = lambda node: False,
+) -> tuple[set[BudgetKey], set[str], set[str]]:
     """The budgets and pods to evaluate with ``names`` and ``uids``: a budget
     brings its active pods (``quiet``: the others are summed), the pods holding
     state for it and the pods its status names; a pod brings the budgets
     selecting it or that it holds state for, the pods sharing a
     ResourceClaim with it and, on a node where a device-pressure rule may
     compare pods (``ns_rule(namespace)``: the namespace has one), every pod
-    of that node. A budget whose spec does not parse brings nothing (it is
-    held; its records are kept wherever its pods are evaluated)."""
+    of that node, unless the node is ``far`` from its devices' thresholds
+    (``coupling.Coupling``). A budget whose spec does not parse brings
+    nothing (it is held; its records are kept wherever its pods are
+    evaluated). Also returns the nodes coupled."""
     todo_b = [k for k in names if k in c.budgets]
     todo_p = [u for u in uids if u in c.pods]
     keys: set[BudgetKey] = set()
@@ -60,10 +63,10 @@ def closure(
             for claim in _claims(e):  # a shared claim's budget spans its pods
                 todo_p.extend(c.claim_users.get((ns, claim), ()))
             node = e.facts.node_name or ""
-            if node and node not in coupled and under_rule(c, node, ns_rule, rule_budgets):
+            if node and node not in coupled and not far(node) and under_rule(c, node, ns_rule, rule_budgets):
                 coupled.add(node)  # the device-pressure rule compares every pod of a device
                 todo_p.extend(node_pods(c, node))
-    return keys, pods
+    return keys, pods, coupled
 
 
 def under_rule(c: ClusterCache, node: str, ns_rule: Callable[[str], bool], rule_budgets: set[BudgetKey]) -> bool:

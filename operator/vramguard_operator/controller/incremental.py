@@ -33,6 +33,7 @@ from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_operator.controller.cache import BudgetKey, ClusterCache
 from vramguard_operator.controller.closure import closure, named_pods
+from vramguard_operator.controller.coupling import Coupling
 from vramguard_operator.controller.indexes import BudgetEntry, Versioned
 from vramguard_operator.controller.planning import NamespacePolicy, namespace_policies
 from vramguard_operator.controller.quiet import QuietAnswers
@@ -72,6 +73,7 @@ class Group:
     view: policy_plan.PolicyView
     budget_keys: set[BudgetKey] = field(default_factory=set)
     pod_uids: set[str] = field(default_factory=set)
+    far_nodes: set[str] = field(default_factory=set)  # judged with some of their pods only
 
 
 @dataclass(slots=True)
@@ -110,7 +112,8 @@ class Incremental:
         self.rules = RuleCache()
         self.memory = policy_plan.PolicyMemory()
         self.timers = TimerQueue()
-        self.quiet = QuietAnswers(cache, config, self._effective, self.merged_of)
+        self.quiet = QuietAnswers(cache, config, self._effective, self.merged_of, lambda ns: self.policy_of(ns).effective)
+        self.coupling = Coupling(cache, config.freshness_seconds)
         self.level: set[Unit] = set()
         self.again: set[Unit] = set()  # evaluated at the next pass
         self._level_at: datetime | None = None
@@ -141,6 +144,7 @@ class Incremental:
         self._pods |= dirt.pods
         for uid in dirt.gone:
             self.quiet.totals.drop_pod(uid)
+        self.coupling.forget(dirt.gone, dirt.nodes)
         if dirt.policies:
             self._refresh_policies()
         for node in dirt.nodes:
@@ -217,13 +221,16 @@ class Incremental:
         """The groups to evaluate now (everything marked, closed), and the
         budgets whose spec does not parse in the namespaces planned (each is
         held alone: ``EngineInput.held``); the marks are cleared."""
+        self.coupling.settle()
         self._take(now)
         budgets, pods = self._budgets, self._pods
         self._budgets, self._pods = set(), set()
         self.quiet.refresh(budgets, pods, now)
+        self.coupling.forget(pods | self.quiet.changed)
         marked_pods = {u for u in pods if (e := self.cache.pods.get(u)) and self.owned(e.namespace)}
-        keys, uids = closure(self.cache, self.quiet.totals, self._ns_rule,
-                             {k for k in budgets if self.owned(k[0])}, marked_pods)
+        keys, uids, coupled = closure(self.cache, self.quiet.totals, self._ns_rule,
+                                      {k for k in budgets if self.owned(k[0])}, marked_pods, self.coupling.is_far)
+        self.coupling.begin(coupled, now)
         parts: dict[str, tuple[set[BudgetKey], set[str]]] = {}
         for key in keys:
             parts.setdefault(key[0], (set(), set()))[0].add(key)
@@ -238,11 +245,15 @@ class Incremental:
                            if self.cache.budgets[(ns, n)].value.budget is None)
             by_policy.setdefault(self.policy_of(ns).effective, []).append((ns, *parts[ns]))
         groups = [self._group(group_parts, now, invalid) for group_parts in by_policy.values()]
+        for g in groups:
+            g.far_nodes = {p.node_name for p in g.input.pods if p.node_name and p.node_name not in coupled
+                           and self.coupling.is_far(p.node_name)}
         return Plan(groups, invalid)
 
     def retry(self, group: Group, now: datetime) -> None:
         """A group that could not be evaluated (it raised, or ran out of time
         outside any budget): looked at again at the next evaluation period."""
+        self.coupling.failed({p.node_name for p in group.input.pods if p.node_name})
         self.retry_units({("b", ns, name) for ns, name in group.budget_keys} | {("p", u) for u in group.pod_uids}, now)
 
     def retry_units(self, units: set[Unit], now: datetime) -> None:
@@ -330,6 +341,7 @@ class Incremental:
         decisions is evaluated again at the next pass, until it has none; the
         level-triggered ones (an eviction, a throttle re-applied, a CPU
         restore) every evaluation period instead."""
+        self.coupling.judged(out.devices)
         budgets = {(b.metadata.namespace or "", b.metadata.name or "", b.metadata.uid or ""): b
                    for b in group.input.budgets}
         for upd in out.statuses:

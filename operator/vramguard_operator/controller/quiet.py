@@ -12,10 +12,17 @@ active ones, plus one ``QuietPods`` sum each, instead of every selected pod.
 
 An answer is recomputed when what it was made of changes: the pod (or its
 node's report, or its report's staleness, or a second report claiming its
-node), the budget's spec or its namespace's policy (soft limits at the shares
-make every running pod of the budget active: its memory limits are settled
-only when it is evaluated), or the budget's status naming the pod or not any
-more. Pods without an answer yet are active. Device pressure needs no answer
+node), the budget's spec or its namespace's policy, or the budget's status
+naming the pod or not any more. Pods without an answer yet are active.
+
+Soft limits at the shares: a pod of a budget that asks for them is quiet only
+while its ``vramguard.io/memory-limits`` already stands where an evaluation
+would leave it (``engine.quiet.limits_settled``, over every budget that
+selects it: the lowest share wins). That answer reads all of the pod's
+budgets, so a change to any one of them (its spec, its policy, created or
+deleted) answers the pod again for every budget; a pod with a DRA claim or a
+sharer's grant (whose allocation budget would join the shares) is never
+settled here. Device pressure needs no answer
 here: every pod of a node under a rule is evaluated with any one of them
 (``incremental``).
 """
@@ -30,8 +37,10 @@ from typing import Any
 
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_operator.controller.cache import ClusterCache
-from vramguard_operator.engine.quiet import quiet_pod
-from vramguard_operator.engine.types import EngineConfig, QuietPods
+from vramguard_operator.engine.quiet import limits_settled, quiet_pod, wants_soft_limits
+from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, QuietPods
+from vramguard_operator.policy.dra import pod_claim_names
+from vramguard_operator.policy.sharers import grant_annotations, kai_groups
 
 BudgetKey = tuple[str, str]
 
@@ -100,6 +109,10 @@ class QuietTotals:
         """Whether the pod may be left out of the budget's evaluation."""
         return self._answers.get(key, {}).get(uid) is not None
 
+    def pods_of(self, key: BudgetKey) -> frozenset[str]:
+        """The pods with an answer for the budget."""
+        return frozenset(self._answers.get(key, {}))
+
     def known(self, key: BudgetKey) -> int:
         """How many pods have an answer for the budget."""
         return len(self._answers.get(key, {}))
@@ -125,7 +138,11 @@ class QuietAnswers:
 
     ``effective(key)``: the budget as the engine evaluates it (None: it does
     not parse; its pods are then all active); ``merged_of(namespace)``: the
-    namespace's merged policy (a change answers every pod of its budgets again)."""
+    namespace's merged policy (a change answers every pod of its budgets
+    again); ``policy_of(namespace)``: the cluster policy as the engine applies
+    it there (mode, exemptions, soft limits). ``changed``: after ``refresh``,
+    the pods whose budgets' spec or policy changed (or that were answered
+    for a new budget)."""
 
     def __init__(
         self,
@@ -133,15 +150,19 @@ class QuietAnswers:
         config: EngineConfig,
         effective: Callable[[BudgetKey], GPUMemoryBudget | None],
         merged_of: Callable[[str], Any],
+        policy_of: Callable[[str], EffectivePolicy] = lambda ns: EffectivePolicy(),
     ) -> None:
         self.cache = cache
         self.config = config
         self.effective = effective
         self.merged_of = merged_of
+        self.policy_of = policy_of
         self.totals = QuietTotals()
+        self.changed: set[str] = set()
         self._basis: dict[BudgetKey, tuple[Any, ...]] = {}
         self._again: set[tuple[BudgetKey, str]] = set()
         self._eff: dict[BudgetKey, GPUMemoryBudget | None] = {}
+        self._settled: dict[str, bool] = {}
         self._unknown: dict[str, str] = {}
 
     def again(self, key: BudgetKey, uids: Iterable[str]) -> None:
@@ -153,20 +174,23 @@ class QuietAnswers:
         """Answer again what marked budgets and pods may have changed."""
         c = self.cache
         self._eff.clear()
+        self._settled.clear()
         self._unknown = c.unknown_nodes()
+        changed: set[str] = set()
         for key in budgets:
             if key not in c.budgets:
+                changed |= self.totals.pods_of(key)
                 self.totals.drop_budget(key)
                 self._basis.pop(key, None)
                 continue
             v = c.budgets[key]
-            basis = (v.uid, v.value.generation, self.merged_of(key[0]))
-            if basis != self._basis.get(key):  # spec or policy: every pod again
+            basis = (v.uid, v.value.generation, self.merged_of(key[0]), self.policy_of(key[0]))
+            if basis != self._basis.get(key):  # spec or policy: every pod again, for all its budgets
                 self._basis[key] = basis
+                changed |= self.totals.pods_of(key) | c.selects.get(key, set())
                 self.totals.drop_budget(key)
-                for uid in c.selects.get(key, ()):
-                    self._answer(key, uid, now)
-        for uid in pods:
+        self.changed = changed
+        for uid in set(pods) | changed:
             keys = c.selected_by.get(uid, set())
             self.totals.drop_pod(uid, keep=keys)
             if uid in c.pods:
@@ -178,10 +202,38 @@ class QuietAnswers:
         self._again.clear()
 
     def _answer(self, key: BudgetKey, uid: str, now: datetime) -> None:
-        if key not in self._eff:
-            self._eff[key] = self.effective(key)
-        eff, pod = self._eff[key], self.cache.pods[uid].facts
+        eff, pod = self._effective(key), self.cache.pods[uid].facts
         soft = self.merged_of(key[0]).soft_limits is not None
         report = self.cache.report(pod.node_name or "")
-        answer = None if eff is None else quiet_pod(eff, pod, report, now, self.config, soft, self._unknown)
+        answer = None
+        if eff is not None:
+            settled = self._limits_settled(uid, now)
+            answer = quiet_pod(eff, pod, report, now, self.config, soft, self._unknown, settled)
         self.totals.set(key, uid, answer)
+
+    def _effective(self, key: BudgetKey) -> GPUMemoryBudget | None:
+        if key not in self._eff:
+            self._eff[key] = self.effective(key)
+        return self._eff[key]
+
+    def _limits_settled(self, uid: str, now: datetime) -> bool:
+        """``engine.quiet.limits_settled`` over every budget selecting the pod
+        (once per refresh); False for a pod with a DRA claim or a sharer's
+        grant, or a budget that does not parse."""
+        found = self._settled.get(uid)
+        if found is not None:
+            return found
+        c = self.cache
+        e = c.pods[uid]
+        pod = e.facts
+        settled = False
+        grants = (e.gpu is not None and pod_claim_names(e.gpu)) or grant_annotations(pod.annotations)
+        if not grants and not kai_groups(pod.labels):
+            policy = self.policy_of(pod.namespace)
+            acting = policy.mode == "Enforce" and pod.namespace not in policy.exempt_namespaces
+            budgets = [(k, self._effective(k)) for k in sorted(c.selected_by.get(uid, ()))]
+            if all(b is not None for _, b in budgets):
+                wants = [(b, wants_soft_limits(b, policy.soft_limits, acting)) for _, b in budgets if b is not None]
+                settled = limits_settled(pod, wants, c.report(pod.node_name or ""), now, self.config)
+        self._settled[uid] = settled
+        return settled

@@ -291,11 +291,12 @@ class Reconciler:
     def _note_outputs(self, group: Group, out: EngineOutput) -> None:
         """Keep the group's device reports and memory limits for the metrics
         (an evaluation reports only the devices and pods it evaluated)."""
-        nodes = {p.node_name for p in group.input.pods if p.node_name}
+        nodes = {p.node_name for p in group.input.pods if p.node_name} - group.far_nodes
         for key in [k for k in self._devices if k[0] in nodes]:
             del self._devices[key]
         for d in out.devices:
-            self._devices[(d.node, d.device)] = d
+            if d.node in nodes:  # a far node's devices were judged with some of its pods only
+                self._devices[(d.node, d.device)] = d
         for uid in group.pod_uids:
             self._limits.pop(uid, None)
         for lim in out.memory_limits:

@@ -134,17 +134,29 @@ def test_a_pod_leaving_a_shared_claim_marks_the_pods_still_sharing_it() -> None:
     """The claim's budget spans its pods: one going changes what the others' budget counts."""
     c = ClusterCache()
     for name in ("a", "b", "c"):
-        body = pod_body(name, "x")
+        body = pod_body(name, "x", node=f"n-{name}")  # each on its own node (a pod going marks its node's others)
         body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "c1" if name != "c" else "c2"}]
         put(c, "pods", f"uid-{name}", body, pod_cache_entry)
     c.take_dirt()
-    moved = pod_body("b", "x", rv="2")
+    moved = pod_body("b", "x", rv="2", node="n-b")
     moved["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "c2"}]
     put(c, "pods", "uid-b", moved, pod_cache_entry)
     assert c.take_dirt().pods == {"uid-a", "uid-b"}  # c1's pod counted it; c2's come with it (the closure)
     put(c, "pods", "uid-c", None, pod_cache_entry)
     dirt = c.take_dirt()
     assert dirt.pods == {"uid-b"} and dirt.gone == {"uid-c"}
+
+
+def test_a_pod_going_marks_the_other_pods_of_its_node() -> None:
+    """The device-pressure rule judges their devices without it (a pod it chose
+    is gone: the next is chosen now, as a pass over everything would)."""
+    c = ClusterCache()
+    for name, node in (("a", "n1"), ("b", "n1"), ("c", "n2")):
+        put(c, "pods", f"uid-{name}", pod_body(name, "x", node=node), pod_cache_entry)
+    c.take_dirt()
+    put(c, "pods", "uid-a", None, pod_cache_entry)
+    dirt = c.take_dirt()
+    assert dirt.pods == {"uid-b"} and dirt.gone == {"uid-a"}
 
 
 def test_two_reports_claiming_one_node_make_it_unknown_until_one_goes() -> None:

@@ -3,8 +3,9 @@
 and relabelled, budgets created, changed and deleted, policies, namespace
 labels, DRA claims shared by pods, device-pressure rules of policies and
 budgets, Cap steps and soft limits at the shares with agents enforcing them,
-a second report claiming a node, budgets whose spec does not parse) and of
-time passing, applied to two copies of one world; after each,
+a second report claiming a node, budgets whose spec does not parse, memory
+limits annotations set at, above or below a pod's share or with a hard limit,
+devices crossing their pressure threshold's margin) and of time passing, applied to two copies of one world; after each,
 one copy is evaluated incrementally (only what the changes mark, timers,
 level-triggered steps) and the other over everything, and their decisions,
 budget statuses, implicit budgets' statuses and pod annotations must be
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION, DeviceMemoryLimit, format_memory_limits
 from vramguard_operator.engine.types import EngineConfig, Evict
 
 from ..policy.builders import cluster_nodes
@@ -27,7 +29,8 @@ from .world import World
 
 GI = 1 << 30
 T0 = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)
-NODES = ["gpu-h100-ts", "gpu-a10-vgpu", "cpu-only"]
+NODES = ["gpu-h100-ts", "gpu-a10-vgpu", "gpu-h100-b", "cpu-only"]
+GPU_NODES = NODES[:3]  # with reports (the third a copy of the first: more nodes, fewer pods on each)
 SPACES = ["ml", "research"]
 PERIOD = 5.0
 UUID = {n: f"GPU-{i:08x}-0000-4000-8000-000000000000" for i, n in enumerate(NODES)}  # NVML's form: caps apply
@@ -53,6 +56,11 @@ TEMPLATES: list[dict[str, Any]] = [
      "devicePressure": {"minFree": "10%"},
      "enforcement": {"escalation": [{"action": "Annotate"}, {"action": "Cap", "after": "5s"}]}},
     {"selector": {"matchLabels": {"app": "w"}}, "limits": {"perPod": {"vram": "20Gi"}, "total": {"vram": "10Gi"}}},
+    # thresholds that a budget change moves without a new report: a device far from 5% may be under 40%
+    {"selector": {"matchLabels": {"app": "w"}}, "limits": {"perPod": {"vram": "30Gi"}}, "devicePressure": {"minFree": "40%"}},
+    {"selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["x", "z"]}]},
+     "limits": {"perDevice": {"vram": "40Gi"}}, "devicePressure": {"minFree": "5%"},
+     "enforcement": {"softLimits": "Share", "escalation": [{"action": "Annotate"}]}},
 ]
 POLICIES: list[dict[str, Any]] = [
     {"defaults": {"shareFromNode": True}},
@@ -91,7 +99,9 @@ class Scenario:
             self._policy(worlds)
         elif r < 0.86:
             self._claim(worlds)
-        elif r < 0.9:
+        elif r < 0.87:
+            self._limits_edit(worlds)
+        elif r < 0.91:
             ns = self.rng.choice(SPACES)
             labels = {"team": self.rng.choice(["a", "b"]), "kubernetes.io/metadata.name": ns}
             for w in worlds:
@@ -99,7 +109,7 @@ class Scenario:
         # else: only time passes
 
     def _report(self, worlds: list[World], now: datetime) -> None:
-        node = self.rng.choice(NODES[:2])
+        node = self.rng.choice(GPU_NODES)
         if self.rng.random() < 0.07:
             for w in worlds:
                 w.put("reports", (node, node), None)
@@ -120,7 +130,8 @@ class Scenario:
                   "memory": {"totalBytes": 80 * GI, "reservedBytes": 0, "usableBytes": 80 * GI},
                   "memoryLimits": "Supported", "memoryLimitsReason": "ProbeSucceeded"}
         used = sum(e["vramBytes"] for e in entries)
-        device["memory"]["usedBytes"] = used + int(self.rng.choice([0, 0, 4, 60]) * GI)  # under pressure or not
+        # under pressure, close to the threshold's margin (5% of 80Gi over minFree 5%/10%/20Gi) or far from it
+        device["memory"]["usedBytes"] = used + int(self.rng.choice([0, 0, 4, 60, 68, 69.5, 71, 72.5]) * GI)
         device["processesComplete"] = True
         body = {"metadata": {"name": node, "uid": f"r-{node}"}, "spec": {"nodeName": node}, "status": {
             "sampleTime": (now - timedelta(seconds=age)).isoformat(),
@@ -168,6 +179,36 @@ class Scenario:
                 body["metadata"]["labels"] = {"app": app}
                 w.put("pods", uid, body)
 
+    def _limits_edit(self, worlds: list[World]) -> None:
+        """Someone sets a pod's memory limits: a soft limit at a share it may
+        have (10Gi: perPod; 5Gi: the policy's perDevice; another pod's, as the
+        operator wrote it) or not, a hard limit, or none."""
+        uid = self.pick(worlds, "pods")
+        body = worlds[0].get("pods", uid) if uid is not None else None
+        if body is None or body["spec"]["nodeName"] not in GPU_NODES:
+            return
+        node = body["spec"]["nodeName"]
+        others = [t for b in worlds[0].objects.get("pods", {}).values() if b["spec"]["nodeName"] == node
+                  and (t := (b["metadata"].get("annotations") or {}).get(MEMORY_LIMITS_ANNOTATION))]
+        choice = self.rng.choice(["none", "10", "5", "7", "hard", "other", "other"])
+        text: str | None = None
+        if choice == "other":
+            text = self.rng.choice(others) if others else None
+        elif choice == "hard":
+            text = format_memory_limits({UUID[node]: DeviceMemoryLimit(10 * GI, 12 * GI)})
+        elif choice != "none":
+            text = format_memory_limits({UUID[node]: DeviceMemoryLimit(int(choice) * GI)})
+        for w in worlds:
+            body = w.get("pods", uid)
+            if body is None:
+                continue
+            body = _copy(body)
+            ann = body["metadata"].setdefault("annotations", {})
+            ann.pop(MEMORY_LIMITS_ANNOTATION, None)
+            if text is not None:
+                ann[MEMORY_LIMITS_ANNOTATION] = text
+            w.put("pods", uid, body)
+
     def _budget(self, worlds: list[World]) -> None:
         ns, name = self.rng.choice(SPACES), self.rng.choice(["b1", "b2", "b3"])
         key = (ns, name)
@@ -197,7 +238,7 @@ class Scenario:
         users = [b for b in worlds[0].objects.get("pods", {}).values()
                  if b["metadata"]["namespace"] == ns and any(
                      r.get("resourceClaimName") == name for r in b["spec"].get("resourceClaims") or ())]
-        nodes = [n for b in users if (n := b["spec"]["nodeName"]) in NODES[:2]] or NODES[:2]
+        nodes = [n for b in users if (n := b["spec"]["nodeName"]) in GPU_NODES] or GPU_NODES
         node = self.rng.choice(nodes)
         users = [b["metadata"]["name"] for b in users]
         body = claim(name, [result("gpu-0", node, self.rng.choice(["5Gi", "10Gi", "20Gi"]))], users, ns=ns)
@@ -226,11 +267,14 @@ def _world() -> World:
     nodes = cluster_nodes()
     for n in NODES:
         body = _copy(nodes.get(n) or {"metadata": {"name": n, "labels": {}}, "status": {"allocatable": {"cpu": "8"}}})
+        if n == "gpu-h100-b":
+            body = _copy(nodes[NODES[0]])
+            body["metadata"]["name"] = n
         w.put("nodes", n, body)
     for ns in SPACES:
         w.put("namespaces", ns, {"metadata": {"name": ns, "uid": f"ns-{ns}",
                                               "labels": {"kubernetes.io/metadata.name": ns}}})
-    for n in NODES[:2]:
+    for n in GPU_NODES:
         s = resource_slice(n, [gpu("gpu-0", UUID[n])])
         w.put("slices", s["metadata"]["name"], s)
     return w

@@ -243,15 +243,22 @@ def _report_status(slots: Iterable[PodSlot]) -> dict[str, Any]:
         "agent": {"version": "bench", "backend": "sim", "sampleIntervalSeconds": 5},
         # each device's used memory is its pod's (a complete report, as the agent's): the
         # device-pressure rule can judge it (without it every device is Unknown)
-        "devices": [{"uuid": f"GPU-{slots[0].node}-{d}", "index": d, "modelName": "NVIDIA H100 80GB HBM3",
+        "devices": [{"uuid": gpu_uuid(slots[0].node, d), "index": d, "modelName": "NVIDIA H100 80GB HBM3",
                      "memory": {"totalBytes": 80 * GI, "reservedBytes": 0, "usableBytes": 80 * GI,
                                 "usedBytes": slots[d].vram if d < len(slots) else 0}}
                     for d in range(PODS_PER_NODE)],
         "pods": [{"uid": s.uid, "namespace": s.namespace, "name": s.name, "attribution": "Measured",
                   "vramBytes": s.vram, "ramWorkingSetBytes": 4 * GI,
-                  "devices": [{"uuid": f"GPU-{s.node}-{k}", "usedBytes": s.vram}]}
+                  "devices": [{"uuid": gpu_uuid(s.node, k), "usedBytes": s.vram}]}
                  for k, s in enumerate(slots)],
     }
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    """A device's UUID in NVML's form (``GPU-`` and hex groups), unique per node
+    and index, so that memory limits can be written for it (``is_gpu_uuid``)."""
+    n = int(node.rsplit("n", 1)[1])
+    return f"GPU-{n:08x}-{index:04x}-4000-8000-000000000000"
 
 
 def _budget(app: str, limits: dict[str, Any]) -> dict[str, Any]:

@@ -66,9 +66,10 @@ class Coupling:
     """The far nodes (see the module doc), kept across evaluations.
 
     At each plan: ``settle`` (which of the last plan's coupled nodes are far),
-    ``forget`` what changed, then ``begin`` with the nodes coupled; after it,
-    ``judged`` with each group's device reports and ``failed`` for a group
-    that could not be evaluated."""
+    ``forget`` what changed, ``begin`` with the nodes coupled and ``expect``
+    each group's nodes; after it, ``judged`` with each group's device reports
+    (a node is far only once every group with a pod on it was judged) and
+    ``failed`` for a group that could not be evaluated."""
 
     def __init__(self, cache: ClusterCache, freshness: float) -> None:
         self.cache = cache
@@ -76,6 +77,7 @@ class Coupling:
         self._far: dict[str, object] = {}  # node -> its report object when found far
         self._of_pod: dict[str, set[str]] = {}  # pod uid -> far nodes whose verdict reads it
         self._pending: dict[str, tuple[object, frozenset[str]]] = {}
+        self._waiting: dict[str, int] = {}  # pending node -> groups with a pod on it not judged yet
         self._near: set[str] = set()
 
     def is_far(self, node: str) -> bool:
@@ -99,13 +101,13 @@ class Coupling:
     def settle(self) -> None:
         """The last plan's coupled nodes that every group found clear are far."""
         for node, (rep, uids) in self._pending.items():
-            if node in self._near or rep is not self.cache.report(node):
+            if node in self._near or self._waiting.get(node) or rep is not self.cache.report(node):
                 self._drop(node)
                 continue
             self._far[node] = rep
             for uid in uids:
                 self._of_pod.setdefault(uid, set()).add(node)
-        self._pending, self._near = {}, set()
+        self._pending, self._near, self._waiting = {}, set(), {}
 
     def begin(self, coupled: Iterable[str], now: datetime) -> None:
         """This plan's coupled nodes whose report is fresh and believed: far
@@ -119,8 +121,18 @@ class Coupling:
             if state == "Fresh":
                 self._pending[node] = (rep, frozenset(node_pods(self.cache, node)))
 
-    def judged(self, devices: Iterable[DevicePressureReport]) -> None:
-        """A group's device reports: a device not clear by the margin keeps its node near."""
+    def expect(self, nodes: Iterable[str]) -> None:
+        """A group of this plan has pods on these nodes: it must be judged."""
+        for node in nodes:
+            if node in self._pending:
+                self._waiting[node] = self._waiting.get(node, 0) + 1
+
+    def judged(self, devices: Iterable[DevicePressureReport], nodes: Iterable[str]) -> None:
+        """A group's device reports (its pods on ``nodes``): a device not clear by
+        the margin keeps its node near."""
+        for node in nodes:
+            if node in self._waiting:
+                self._waiting[node] -= 1
         for d in devices:
             if not clear_of(d):
                 self._near.add(d.node)

@@ -246,8 +246,9 @@ class Incremental:
             by_policy.setdefault(self.policy_of(ns).effective, []).append((ns, *parts[ns]))
         groups = [self._group(group_parts, now, invalid) for group_parts in by_policy.values()]
         for g in groups:
-            g.far_nodes = {p.node_name for p in g.input.pods if p.node_name and p.node_name not in coupled
-                           and self.coupling.is_far(p.node_name)}
+            nodes = {p.node_name for p in g.input.pods if p.node_name}
+            g.far_nodes = {n for n in nodes - coupled if self.coupling.is_far(n)}
+            self.coupling.expect(nodes)
         return Plan(groups, invalid)
 
     def retry(self, group: Group, now: datetime) -> None:
@@ -341,7 +342,7 @@ class Incremental:
         decisions is evaluated again at the next pass, until it has none; the
         level-triggered ones (an eviction, a throttle re-applied, a CPU
         restore) every evaluation period instead."""
-        self.coupling.judged(out.devices)
+        self.coupling.judged(out.devices, {p.node_name for p in group.input.pods if p.node_name})
         budgets = {(b.metadata.namespace or "", b.metadata.name or "", b.metadata.uid or ""): b
                    for b in group.input.budgets}
         for upd in out.statuses:

@@ -108,21 +108,23 @@ def limits_settled(
     config: EngineConfig,
 ) -> bool:
     """Whether an evaluation of ``pod`` would leave its memory limits as they
-    are and write no other vramguard state for them: ``budgets``, every budget
-    that selects it as the engine evaluates it, each with whether it wants
-    soft limits at the shares (``wants_soft_limits``). True only when at least
-    one does, the pod runs on a fresh report, its only vramguard annotation is
-    ``vramguard.io/memory-limits``, it parses, holds no hard limit (no Cap),
-    and equals what ``engine.caps`` derives: the lowest share per device of
-    those budgets (``caps.shares``), through ``caps.desired_limits``. Any
-    doubt (a spec out of bounds or not parsing) gives False."""
+    are: ``budgets``, every budget that selects it as the engine evaluates it,
+    each with whether it wants soft limits at the shares
+    (``wants_soft_limits``). True only when the pod runs on a fresh report,
+    its only vramguard annotation (if any) is ``vramguard.io/memory-limits``,
+    which parses and holds no hard limit (no Cap), and it equals what
+    ``engine.caps`` derives: the lowest share per device of those budgets
+    (``caps.shares``), through ``caps.desired_limits`` (no annotation where
+    none can be written: a device that cannot hold limits, an agent that
+    does not apply them). Any doubt (a spec out of bounds or not parsing)
+    gives False."""
     if pod.phase != "Running" or pod.terminating or not pod.node_name or report is None:
         return False
     if any(k.startswith(ANNOTATION_PREFIX) and k != ANNOTATION_MEMORY_LIMITS for k in pod.annotations):
         return False
     text = pod.annotations.get(ANNOTATION_MEMORY_LIMITS)
     current, problem = caps.current_limits(pod)
-    if text is None or problem is not None or any(lim.hard_limit is not None for lim in current.values()):
+    if problem is not None or any(lim.hard_limit is not None for lim in current.values()):
         return False
     nodes = read_nodes({pod.node_name: report}, whole_seconds(now), config.freshness_seconds)
     d = pod_data(pod, nodes)
@@ -139,8 +141,8 @@ def limits_settled(
         except (ValueError, ArithmeticError):
             return False
         want = want.merged(caps.LimitsWant(soft=caps.shares(d, lim)))
-    if not want.soft:
-        return False
+    if not want.soft:  # no budget wants a limit here: the engine removes any annotation
+        return text is None
     try:
         return caps.annotation(caps.desired_limits(current, want, d, nodes.get(pod.node_name))) == text
     except ValueError:

@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
+from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION, DeviceMemoryLimit, format_memory_limits
 from vramguard_operator.controller.quiet import QuietTotals
 from vramguard_operator.engine.evaluate import evaluate
-from vramguard_operator.engine.quiet import quiet_pod
+from vramguard_operator.engine.quiet import limits_settled, quiet_pod
 from vramguard_operator.engine.types import EngineConfig, EngineInput, QuietPods
 
-from .builders import T0, at, budget, pod, report, vram
+from .builders import GI, T0, at, budget, pod, report, vram
 
 CFG = EngineConfig()
 
@@ -98,3 +99,28 @@ def test_pods_whose_memory_limits_are_settled_or_whose_node_is_not_believed_are_
     dup = twice.model_copy(update={"status": twice.status.model_copy(  # type: ignore[union-attr]
         update={"pods": [*twice.status.pods, *twice.status.pods]})})  # type: ignore[union-attr]
     assert quiet_pod(b, pod("w0"), dup, at(1), CFG) is None  # the report's own checks: a pod listed twice
+
+
+def test_soft_limits_are_settled_only_where_an_evaluation_would_leave_them() -> None:
+    """``limits_settled``: the annotation equals the lowest share of the budgets
+    that want soft limits, as the engine writes it; none where none can be written."""
+    nvml = "GPU-00000001-0000-4000-8000-000000000000"
+    dev = [{"uuid": nvml, "index": 0, "memory": {"totalBytes": 80 * GI, "reservedBytes": 0, "usableBytes": 80 * GI}}]
+    rep = report("node-a", T0, {"w0": vram(2, device=nvml)}, devices=dev)
+    wide, narrow = budget(per_pod={"vram": "20Gi"}), budget(name="n", uid="uid-n", per_pod={"vram": "10Gi"})
+    both = [(wide, True), (narrow, True)]
+    assert not limits_settled(pod("w0"), both, rep, at(1), CFG)  # not written yet
+    at_share = {nvml: DeviceMemoryLimit(10 * GI)}
+    written = replace(pod("w0"), annotations={MEMORY_LIMITS_ANNOTATION: format_memory_limits(at_share)})
+    assert limits_settled(written, both, rep, at(1), CFG)
+    assert not limits_settled(written, [(wide, True)], rep, at(1), CFG)  # 20Gi wanted: rewritten
+    assert not limits_settled(written, [(wide, False), (narrow, False)], rep, at(1), CFG)  # removed
+    assert not limits_settled(written, both, rep, at(600), CFG)  # a stale report: held, not settled
+    hard = replace(pod("w0"), annotations={MEMORY_LIMITS_ANNOTATION: format_memory_limits(
+        {nvml: DeviceMemoryLimit(10 * GI, 12 * GI)})})
+    assert not limits_settled(hard, both, rep, at(1), CFG)  # a Cap's hard limit: its violation decides
+    mig_dev = [{**dev[0], "uuid": "MIG-00000001-0000-4000-8000-000000000000"}]
+    mig = report("node-a", T0, {"w0": vram(2, device=mig_dev[0]["uuid"])}, devices=mig_dev)  # holds no limits
+    assert limits_settled(pod("w0"), both, mig, at(1), CFG)
+    assert quiet_pod(narrow, pod("w0"), mig, at(1), CFG, soft_limits=True) is None
+    assert quiet_pod(narrow, pod("w0"), mig, at(1), CFG, soft_limits=True, settled=True) is not None

@@ -74,6 +74,7 @@ class PodSlot:
     uid: str = ""
     vram: int = BASE_VRAM
     over: bool = False
+    held: bool = False  # a trial's: the load generator leaves its VRAM where the trial put it
 
 
 @dataclass
@@ -206,7 +207,7 @@ class Fleet:
         first moves by ±16 MiB, staying within 1 GiB of where it started)."""
         with self.lock:
             for s in self.pods[node]:
-                if move:
+                if move and not s.held:
                     base = OVER_VRAM if s.over else BASE_VRAM
                     s.vram = min(base + GI, max(base - GI, s.vram + self.rng.choice((-STEP, STEP))))
             status = _report_status(self.pods[node])
@@ -240,7 +241,8 @@ def _report_status(slots: Iterable[PodSlot]) -> dict[str, Any]:
     slots = list(slots)
     return {
         "sampleTime": stamp(datetime.now(UTC)),
-        "agent": {"version": "bench", "backend": "sim", "sampleIntervalSeconds": 5},
+        # the agent applies memory limits (--enforce-caps), as with the recommended policy
+        "agent": {"version": "bench", "backend": "sim", "sampleIntervalSeconds": 5, "enforceCaps": True},
         # each device's used memory is its pod's (a complete report, as the agent's): the
         # device-pressure rule can judge it (without it every device is Unknown)
         "devices": [{"uuid": gpu_uuid(slots[0].node, d), "index": d, "modelName": "NVIDIA H100 80GB HBM3",

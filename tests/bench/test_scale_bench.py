@@ -246,8 +246,8 @@ def _trials(fleet: Fleet, watcher: AnnotationWatcher) -> list[float]:
     rng.shuffle(candidates)
     out = []
     for slot in candidates[:TRIALS]:
-        with fleet.lock:
-            slot.vram = OVER_VRAM
+        with fleet.lock:  # held: the node's next regular report must not take it back under its limit
+            slot.vram, slot.held = OVER_VRAM, True
         t0 = time.perf_counter()
         fleet.publish(slot.node)
         try:
@@ -258,7 +258,7 @@ def _trials(fleet: Fleet, watcher: AnnotationWatcher) -> list[float]:
             print(f"  trial {slot.name}: not annotated within {TRIAL_TIMEOUT_S:g} s")
             out.append(TRIAL_TIMEOUT_S)
         with fleet.lock:
-            slot.vram = 10 << 30  # back under: the node's next report recovers it
+            slot.vram, slot.held = 10 << 30, False  # back under: the node's next report recovers it
         time.sleep(rng.uniform(0.5, 1.5))
     return out
 

@@ -37,6 +37,10 @@ POLICY_EXTRA: dict[str, Any] = (
     {"devicePressure": {"minFree": "5%"}, "softLimits": "Share"}
     if os.environ.get("VG_SCALE_POLICY") == "recommended" else {}
 )
+# VG_SCALE_ENFORCE_CAPS=1: the agents apply memory limits (--enforce-caps), so the
+# recommended policy's soft limits are written on every pod (off: they are asked
+# for, but no agent applies them, and none is written)
+ENFORCE_CAPS = os.environ.get("VG_SCALE_ENFORCE_CAPS") == "1"
 NAMESPACES = 100
 PODS_PER_NODE = 8
 REPORT_PERIOD_S = 30.0
@@ -241,8 +245,7 @@ def _report_status(slots: Iterable[PodSlot]) -> dict[str, Any]:
     slots = list(slots)
     return {
         "sampleTime": stamp(datetime.now(UTC)),
-        # the agent applies memory limits (--enforce-caps), as with the recommended policy
-        "agent": {"version": "bench", "backend": "sim", "sampleIntervalSeconds": 5, "enforceCaps": True},
+        "agent": {"version": "bench", "backend": "sim", "sampleIntervalSeconds": 5, "enforceCaps": ENFORCE_CAPS},
         # each device's used memory is its pod's (a complete report, as the agent's): the
         # device-pressure rule can judge it (without it every device is Unknown)
         "devices": [{"uuid": gpu_uuid(slots[0].node, d), "index": d, "modelName": "NVIDIA H100 80GB HBM3",

@@ -198,26 +198,30 @@ class Metrics:
         self.pressure_events.labels(outcome=outcome, namespace=namespace).inc()
 
     def set_devices(self, devices: Iterable[DevicePressureReport]) -> None:
-        """Set the device gauges from one evaluation's device reports; series of
+        """Set the device gauges from every device's last report; series of
         devices no longer reported are removed."""
-        seen: dict[tuple[str, str], str] = {}
-        for d in devices:
-            key = (d.node, d.device)
-            seen[key] = d.state
+        now = {(d.node, d.device): d for d in devices}
+        self.update_devices({k: now.get(k) for k in {*now, *self._device_series}})
+
+    def update_devices(self, changed: Mapping[tuple[str, str], DevicePressureReport | None]) -> None:
+        """Set the gauges of the devices whose report changed (None: no longer
+        reported, its series removed); the others keep theirs (a pass touches
+        the devices of the nodes it evaluated, not every device)."""
+        for key, d in changed.items():
+            old = self._device_series.pop(key, None)
+            if old is not None and (d is None or old != d.state):
+                _remove(self.device_state, (*key, old))
+            if d is None:
+                _remove(self.device_free, key)
+                _remove(self.device_min_free, key)
+                continue
             for gauge, value in ((self.device_free, d.free_bytes), (self.device_min_free, d.min_free_bytes)):
                 if value is None:
                     _remove(gauge, key)
                 else:
                     gauge.labels(node=d.node, device=d.device).set(value)
-        for key, state in self._device_series.items():
-            if seen.get(key) != state:
-                _remove(self.device_state, (*key, state))
-            if key not in seen:
-                _remove(self.device_free, key)
-                _remove(self.device_min_free, key)
-        for (node, device), state in seen.items():
-            self.device_state.labels(node=node, device=device, state=state).set(1)
-        self._device_series = seen
+            self.device_state.labels(node=d.node, device=d.device, state=d.state).set(1)
+            self._device_series[key] = d.state
 
     def evaluation_error(self, stage: str) -> None:
         """Count one group evaluation that raised at ``stage`` (evaluate or apply)."""

@@ -112,6 +112,7 @@ class Reconciler:
         self._first_change: float | None = None
         self._policy_problems: dict[str, str] = {}  # last logged, to log changes only
         self._devices: dict[tuple[str, str], DevicePressureReport] = {}  # the last report of each device
+        self._devices_changed: set[tuple[str, str]] = set()  # since the gauges were last set
         self._limits: dict[str, PodMemoryLimits] = {}  # by pod uid: the last settled memory limits
         self._tidy_at = 0.0
         self._freeze_at = time.monotonic() + FREEZE_PERIOD
@@ -209,7 +210,8 @@ class Reconciler:
         self._write_invalid(work.invalid, now)
         self._tidy(now)
         if work:
-            self.metrics.set_devices(self._devices.values())
+            self.metrics.update_devices({k: self._devices.get(k) for k in self._devices_changed})
+            self._devices_changed.clear()
             self.metrics.set_memory_limits(self.cache.known_namespaces(), self._limits.values())
             self.metrics.observe_latency(time.monotonic() - started)
             self.metrics.observe_pass(time.monotonic() - t0)
@@ -294,9 +296,11 @@ class Reconciler:
         nodes = {p.node_name for p in group.input.pods if p.node_name} - group.far_nodes
         for key in [k for k in self._devices if k[0] in nodes]:
             del self._devices[key]
+            self._devices_changed.add(key)
         for d in out.devices:
             if d.node in nodes:  # a far node's devices were judged with some of its pods only
                 self._devices[(d.node, d.device)] = d
+                self._devices_changed.add((d.node, d.device))
         for uid in group.pod_uids:
             self._limits.pop(uid, None)
         for lim in out.memory_limits:
@@ -365,6 +369,7 @@ class Reconciler:
             del self._limits[uid]
         for key in [k for k in self._devices if k[0] not in self.cache.reports]:
             del self._devices[key]
+            self._devices_changed.add(key)
         self.applier.limiter.forget(live)
         for uid in [u for u in self.resize_errors if u not in live]:
             del self.resize_errors[uid]

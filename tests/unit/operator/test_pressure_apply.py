@@ -169,3 +169,12 @@ def test_device_gauges() -> None:
     assert sample("vramguard_device_pressure_state", device="GPU-0", state="Clear") == 1
     assert sample("vramguard_device_pressure_state", device="GPU-1", state="Unknown") is None
     assert sample("vramguard_device_free_bytes", device="GPU-0") == 10
+    # a pass sets the devices it changed only; the others keep their series
+    m.update_devices({("n", "GPU-2"): DevicePressureReport("n", "GPU-2", "Clear", 70, 80, 4)})
+    assert sample("vramguard_device_free_bytes", device="GPU-0") == 10
+    assert sample("vramguard_device_free_bytes", device="GPU-2") == 70
+    m.update_devices({("n", "GPU-0"): None, ("n", "GPU-2"): DevicePressureReport("n", "GPU-2", "Act", 1, 80, 4)})
+    assert sample("vramguard_device_free_bytes", device="GPU-0") is None
+    assert sample("vramguard_device_pressure_state", device="GPU-0", state="Clear") is None
+    assert sample("vramguard_device_pressure_state", device="GPU-2", state="Clear") is None
+    assert sample("vramguard_device_pressure_state", device="GPU-2", state="Act") == 1

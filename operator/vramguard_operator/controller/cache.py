@@ -204,6 +204,10 @@ class ClusterCache:
 
     def _budget_change(self, key: BudgetKey, new: Versioned[BudgetEntry] | None) -> None:
         old = self.budgets.get(key)
+        if any(v is not None and v.value.budget is None for v in (old, new)):
+            # a budget held (its spec does not parse) makes its namespace's shares unknown
+            # to the device-pressure rule: held, fixed or deleted, every pod there is judged again
+            self.dirt.pods |= self.pods_in_ns.get(key[0], set())
         if new is None:
             if old is not None:
                 self.dirt.pods |= self.selects.get(key, set()) | self.recorded.get(key, set())

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWarning, Violation
-from vramguard_operator.engine import cap_steps, steps
+from vramguard_operator.engine import cap_steps, caps, steps
 from vramguard_operator.engine import ladder as lad
 from vramguard_operator.engine import warnings as warn
 from vramguard_operator.engine.inputs import PodFacts, QuietPods
@@ -88,8 +88,7 @@ def evaluate_budget(
     if w.acting:
         steps.repost_pending(w)
     cap_steps.want_caps(w)
-    own = spec.enforcement.soft_limits
-    cap_steps.want_soft_limits(w, limits, own == "Share" or (own is None and soft_limits))
+    cap_steps.want_soft_limits(w, limits, caps.soft_limits_asked(spec, soft_limits))
     kept, new = warn.settle(candidates, state.config.max_status_entries, w.now)
     for m in new:
         steps.warn(w, m, limits.threshold)

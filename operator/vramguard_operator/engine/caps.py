@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from vramguard_api.budget import GPUMemoryBudgetSpec
 from vramguard_api.limits import DeviceLimit
 from vramguard_api.memlimits import (
     MAX_LIMIT_BYTES,
@@ -159,6 +160,14 @@ def hard_limit(level: int, used: int | None, current: int | None) -> int:
 
 
 # --- guarantees: soft limits at the share -------------------------------------------------
+
+
+def soft_limits_asked(spec: GPUMemoryBudgetSpec, policy_soft: bool) -> bool:
+    """Whether a budget asks for soft limits at the shares: its
+    ``enforcement.softLimits`` is ``Share``, or unset while the policy asks
+    for them (``policy_soft``: ``EffectivePolicy.soft_limits``)."""
+    own = spec.enforcement.soft_limits
+    return own == "Share" or (own is None and policy_soft)
 
 
 def shares(d: PodData, lim: BudgetLimits) -> dict[str, int]:

@@ -68,8 +68,7 @@ def quiet_pod(
         return QuietPods()
     if pod.phase != "Running" or pod.terminating or not pod.node_name:
         return QuietPods(matched=1)
-    own = spec.enforcement.soft_limits
-    if (not settled and (own == "Share" or (own is None and soft_limits))) or pod.node_name in (unknown_nodes or {}):
+    if (not settled and caps.soft_limits_asked(spec, soft_limits)) or pod.node_name in (unknown_nodes or {}):
         return None
     try:
         lim = BudgetLimits.of(spec, config.recovery_margin, {})
@@ -96,8 +95,7 @@ def wants_soft_limits(budget: GPUMemoryBudget, policy_soft: bool, acting: bool) 
     the cluster policy and the budget enforce, its namespace is not exempt)
     and its ``enforcement.softLimits`` is ``Share``, or unset with the policy
     asking for them (``policy_soft``)."""
-    own = budget.spec.enforcement.soft_limits
-    return acting and budget.spec.enforcement.mode == "Enforce" and (own == "Share" or (own is None and policy_soft))
+    return acting and budget.spec.enforcement.mode == "Enforce" and caps.soft_limits_asked(budget.spec, policy_soft)
 
 
 def limits_settled(

@@ -80,6 +80,7 @@ class Reporter:
         self.retry_at = 0.0
         self.last_error: str | None = None
         self.writes = 0
+        self.last_object: Any = None
         self._created = False
 
     def publish(self, status: NodeGPUUsageStatus) -> bool:
@@ -123,8 +124,21 @@ class Reporter:
             self._create()
             self._patch(body)
 
+    def read(self) -> dict[str, Any] | None:
+        """The node's report as the API server has it (None when absent or unreadable):
+        an agent reads back the end records it published before a restart."""
+        try:
+            obj = self.api.get_cluster_custom_object(
+                GROUP, VERSION, REPORTS, self.node_name, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except Exception as err:  # noqa: BLE001 - absent or unreadable: start afresh
+            log.info("cannot read NodeGPUUsage %s: %s", self.node_name, _describe(err))
+            return None
+        return obj if isinstance(obj, dict) else None
+
     def _patch(self, body: dict[str, Any]) -> None:
-        self.api.patch_cluster_custom_object_status(
+        # The response is the object written: it carries the operator's acknowledgement (vramguard_api.ends).
+        self.last_object = self.api.patch_cluster_custom_object_status(
             GROUP,
             VERSION,
             REPORTS,

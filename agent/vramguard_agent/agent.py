@@ -228,11 +228,6 @@ class Agent:
             return
         now = self.clock()
         ends = self.parts.sampler.ends
-        if not self.ends_restored:  # once: take back what an earlier agent published and nobody acknowledged
-            prior = reporter.read()
-            ends.acknowledge(acknowledged_id(prior))
-            ends.restore([r for r in ends_of(prior) if r.id > ends.acknowledged])
-            self.ends_restored = True
         current = digest(result.report)
         decision = decide(self.last_written, self.last_written_at, current, now, self.cfg.policy)
         if not decision.write and not ends.pending(self.ends_written):  # a new end is written at once
@@ -244,9 +239,15 @@ class Agent:
             log.exception("report not written: the API model refused it")
             self.metrics.writes.labels("error").inc()
             return
-        if reporter.publish(status):
+        # The first write leaves status.ends as the API server has it: its answer returns
+        # what an earlier agent published and the operator has not acknowledged.
+        if reporter.publish(status, omit=() if self.ends_restored else ("ends",)):
             log.debug("report written: %s", decision.reason or "end records")
-            self.ends_written = ends.last_id
+            if not self.ends_restored:
+                ends.restore([r for r in ends_of(reporter.last_object) if r.id > acknowledged_id(reporter.last_object)])
+                self.ends_restored = True
+            else:
+                self.ends_written = ends.last_id
             ends.acknowledge(acknowledged_id(reporter.last_object))
             self.last_written, self.last_written_at = current, now
             self.metrics.writes.labels("ok").inc()

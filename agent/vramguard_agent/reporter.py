@@ -83,13 +83,15 @@ class Reporter:
         self.last_object: Any = None
         self._created = False
 
-    def publish(self, status: NodeGPUUsageStatus) -> bool:
-        """Write ``status``; see the class docstring."""
+    def publish(self, status: NodeGPUUsageStatus, omit: tuple[str, ...] = ()) -> bool:
+        """Write ``status``; see the class docstring. The status fields named in
+        ``omit`` (API names) are left out of the merge patch, so the API server
+        keeps what it has for them."""
         now = self.clock()
         if now < self.retry_at:
             return False
         try:
-            self._write(status)
+            self._write(status, omit)
         except Exception as err:  # noqa: BLE001 - API, HTTP and socket errors alike: retry later
             self._failed(err, now)
             return False
@@ -110,10 +112,10 @@ class Reporter:
             delay,
         )
 
-    def _write(self, status: NodeGPUUsageStatus) -> None:
+    def _write(self, status: NodeGPUUsageStatus, omit: tuple[str, ...] = ()) -> None:
         if not self._created:
             self._create()
-        body = {"status": status.to_api()}
+        body = {"status": {k: v for k, v in status.to_api().items() if k not in omit}}
         try:
             self._patch(body)
         except Exception as err:
@@ -123,18 +125,6 @@ class Reporter:
             self._created = False
             self._create()
             self._patch(body)
-
-    def read(self) -> dict[str, Any] | None:
-        """The node's report as the API server has it (None when absent or unreadable):
-        an agent reads back the end records it published before a restart."""
-        try:
-            obj = self.api.get_cluster_custom_object(
-                GROUP, VERSION, REPORTS, self.node_name, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except Exception as err:  # noqa: BLE001 - absent or unreadable: start afresh
-            log.info("cannot read NodeGPUUsage %s: %s", self.node_name, _describe(err))
-            return None
-        return obj if isinstance(obj, dict) else None
 
     def _patch(self, body: dict[str, Any]) -> None:
         # The response is the object written: it carries the operator's acknowledgement (vramguard_api.ends).

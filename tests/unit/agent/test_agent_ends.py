@@ -81,8 +81,12 @@ def test_a_restarted_agent_takes_back_the_unacknowledged_records(stub, tmp_path)
         first.step()
     ends = written_ends(stub)[-1]
     assert ends
-    stub.respond("GET", NODE + "$", (200, {"metadata": {"annotations": {}}, "status": {"ends": ends}}))
+    # The API server still holds them: the first write of the new agent leaves them there and gets them back.
+    stub.respond("PATCH", NODE + "/status", (200, {"metadata": {"annotations": {}}, "status": {"ends": ends}}))
     now[0] = 0.0
     second = make(stub, tmp_path / "b", now)
+    second.step()
+    assert "ends" not in patches(stub)[-1].body["status"]
+    now[0] = 30.0
     second.step()
     assert [e["id"] for e in written_ends(stub)[-1]][: len(ends)] == [e["id"] for e in ends]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vramguard_api.oom.messages import Confidence, MessageMatch, match_message
+from vramguard_api.units import format_bytes as _b
 
 Kind = Literal["GPUOutOfMemory", "HostOutOfMemory", "CapKill", "NotMemory"]
 Blame = Literal["Innocent", "Own", "Unknown"]
@@ -132,7 +133,7 @@ def _host(e: Evidence, found: MessageMatch | None) -> Verdict | None:
     if not because:
         return None
     if e.ram_limit_bytes is not None and e.ram_working_set_bytes is not None:
-        because.append(f"RAM working set {e.ram_working_set_bytes} B against a limit of {e.ram_limit_bytes} B")
+        because.append(f"RAM working set {_b(e.ram_working_set_bytes)} against a limit of {_b(e.ram_limit_bytes)}")
     because.append("host RAM, not VRAM")
     return Verdict("HostOutOfMemory", "High", message=found, because=tuple(because))
 
@@ -161,7 +162,7 @@ def _device_full(e: Evidence, found: MessageMatch | None) -> Verdict | None:
     d = e.device
     if not e.exit_code or d is None or d.free_bytes is None or not d.step_bytes or d.free_bytes >= d.step_bytes:
         return None
-    why = f"exit code {e.exit_code} with {d.free_bytes} B free, less than its recent step of {d.step_bytes} B"
+    why = f"exit code {e.exit_code} with {_b(d.free_bytes)} free, less than its recent step of {_b(d.step_bytes)}"
     return _blamed("GPUOutOfMemory", "Low", e, found, (why,))
 
 
@@ -178,12 +179,12 @@ def _blamed(kind: Kind, confidence: Confidence, e: Evidence, found: MessageMatch
         return Verdict(kind, confidence, "Unknown", message=found, because=(*because, "no share known"))
     wanted = d.held_bytes + (d.requested_bytes or (found.requested_bytes if found else None) or 0)
     bounds = [(n, b) for n, b in (("share", d.share_bytes), ("limit", d.limit_bytes)) if b is not None]
-    over = [f"it wanted {wanted} B, above its {n} of {b} B" for n, b in bounds if wanted > b]
+    over = [f"it wanted {_b(wanted)}, above its {n} of {_b(b)}" for n, b in bounds if wanted > b]
     if over:
         return Verdict(kind, confidence, "Own", message=found, because=(*because, *over))
     above = tuple(sorted((n for n in d.neighbours if n.over_bytes > 0), key=lambda n: -n.over_bytes))
-    within = f"it wanted {wanted} B, within its " + " and ".join(f"{n} of {b} B" for n, b in bounds)
-    named = tuple(f"{n.name} held {n.held_bytes} B, {n.over_bytes} B above its share" for n in above)
+    within = f"it wanted {_b(wanted)}, within its " + " and ".join(f"{n} of {_b(b)}" for n, b in bounds)
+    named = tuple(f"{n.name} held {_b(n.held_bytes)}, {_b(n.over_bytes)} above its share" for n in above)
     return Verdict(kind, confidence, "Innocent", above, found, (*because, within, *named))
 
 

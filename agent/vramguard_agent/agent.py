@@ -244,7 +244,7 @@ class Agent:
         if reporter.publish(status, omit=() if self.ends_restored else ("ends",)):
             log.debug("report written: %s", decision.reason or "end records")
             if not self.ends_restored:
-                ends.restore([r for r in ends_of(reporter.last_object) if r.id > acknowledged_id(reporter.last_object)])
+                ends.restore(ends_of(reporter.last_object), acknowledged_id(reporter.last_object))
                 self.ends_restored = True
             else:
                 self.ends_written = ends.last_id

@@ -10,10 +10,12 @@ OOM-kill counter before and after. Nothing is concluded from a sample that
 could not see (a failed process listing, a truncated pod list): an end is only
 an absence in a complete view.
 
-Bounded: the ring holds ``RING_SIZE`` records (the oldest dropped first,
-counted in ``dropped``); ``published()`` gives the oldest ``MAX_END_RECORDS``
-not yet acknowledged; per-pod state is rebuilt every sample from the pods
-present, so nothing grows with pods that are gone.
+Bounded: the ring holds ``RING_SIZE`` records not yet acknowledged (the
+oldest dropped first, counted in ``dropped``) and the ``RECENT_KEPT`` last
+acknowledged ones (what ``vramguard oom`` lists); ``published()`` gives the
+oldest ``MAX_END_RECORDS`` unacknowledged records and, in the room left, the
+most recent acknowledged ones; per-pod state is rebuilt every sample from the
+pods present, so nothing grows with pods that are gone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .gpu import GPUSample
 from .report import NodeReport, PodEntry
 
 RING_SIZE = 4 * MAX_END_RECORDS
+RECENT_KEPT = MAX_END_RECORDS // 2
 STEPS_KEPT = 6  # allocation steps remembered per pod and device: about a minute at 10 s samples
 
 
@@ -57,7 +60,8 @@ class EndTracker:
     """Turns successive samples into end records; see the module docstring."""
 
     def __init__(self) -> None:
-        self.ring: deque[EndRecord] = deque(maxlen=RING_SIZE)
+        self.ring: deque[EndRecord] = deque(maxlen=RING_SIZE)  # not yet acknowledged, oldest first
+        self.recent: deque[EndRecord] = deque(maxlen=RECENT_KEPT)  # acknowledged, kept for listing
         self.acknowledged = 0
         self.dropped = 0
         self.last_id = 0
@@ -78,22 +82,27 @@ class EndTracker:
         return new
 
     def acknowledge(self, last_id: int) -> None:
-        """Forget the records at or below ``last_id`` (the operator has published them)."""
+        """The operator has published the records at or below ``last_id``: keep
+        them only among the recent ones."""
         self.acknowledged = max(self.acknowledged, last_id)
         while self.ring and self.ring[0].id <= self.acknowledged:
-            self.ring.popleft()
+            self.recent.append(self.ring.popleft())
 
-    def restore(self, records: list[EndRecord]) -> None:
-        """Take back the records an earlier agent published and the operator has
-        not acknowledged (read from the node's report at start)."""
+    def restore(self, records: list[EndRecord], acknowledged: int) -> None:
+        """Take back the records an earlier agent published (from the answer to
+        the first status write), ``acknowledged`` being the operator's annotation."""
+        self.acknowledged = max(self.acknowledged, acknowledged)
         for record in sorted(records, key=lambda r: r.id):
-            if record.id > max(self.last_id, self.acknowledged):
-                self.ring.append(record)
+            if record.id > self.last_id:
+                (self.recent if record.id <= self.acknowledged else self.ring).append(record)
                 self.last_id = record.id
 
     def published(self) -> list[EndRecord]:
-        """The oldest unacknowledged records, at most ``MAX_END_RECORDS``."""
-        return [r for r in self.ring if r.id > self.acknowledged][:MAX_END_RECORDS]
+        """The oldest unacknowledged records (at most ``MAX_END_RECORDS``), after
+        the most recent acknowledged ones that fit beside them; by id."""
+        waiting = list(self.ring)[:MAX_END_RECORDS]
+        room = MAX_END_RECORDS - len(waiting)
+        return [*(list(self.recent)[-room:] if room else []), *waiting]
 
     def pending(self, written_up_to: int) -> bool:
         """Whether a record newer than ``written_up_to`` waits to be written."""

@@ -1,11 +1,12 @@
 """End records: what a node's agent last saw when a GPU process or a container ended.
 
-The agent keeps each end in a bounded ring and publishes the ring in its
+The agent keeps each end in a bounded ring and publishes it in its
 ``NodeGPUUsage`` status (``status.ends``) until the operator has acknowledged
 it: the operator writes the id of the last record it has published (Events,
-metrics, budget status) into the annotation ``ACK_ANNOTATION`` of the same
-``NodeGPUUsage``; the agent reads it back from its next status write and drops
-the records at or below it. A record is thus published at least once: an
+metrics) into the annotation ``ACK_ANNOTATION`` of the same ``NodeGPUUsage``;
+the agent reads it back from its next status write. The records at or below it
+are done; the agent keeps the most recent of them in the status while there is
+room, for ``vramguard oom`` to list. A record is thus published at least once: an
 operator restart between publishing and acknowledging repeats the Event (the
 API server counts repeats of one Event), and an agent restart re-reads the
 records from its own report before writing (``docs/oom.md``).

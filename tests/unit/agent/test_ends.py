@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from vramguard_agent.cgroups import Attribution
-from vramguard_agent.ends import RING_SIZE, EndTracker
+from vramguard_agent.ends import RECENT_KEPT, RING_SIZE, EndTracker
 from vramguard_agent.gpu import DeviceSample, GPUProcess, GPUSample, MemoryInfo
 from vramguard_agent.report import ContainerEntry, DeviceEntry, NodeReport, PodEntry
 from vramguard_api.ends import MAX_END_RECORDS
@@ -103,7 +103,7 @@ def test_steady_samples_make_no_record() -> None:
     assert [observe(tracker, node, t) for t in range(0, 100, 10)] == [[]] * 10
 
 
-def test_acknowledged_records_are_dropped_and_the_rest_published_oldest_first() -> None:
+def test_acknowledged_records_stay_only_as_recent_ones_and_the_waiting_come_last() -> None:
     node, tracker = Node(), EndTracker()
     for i in range(3):
         node.pods = {"a": {cid(1): (100 + i, GIB)}}
@@ -111,9 +111,22 @@ def test_acknowledged_records_are_dropped_and_the_rest_published_oldest_first() 
     first, second = tracker.published()
     assert first.id < second.id and tracker.pending(first.id)
     tracker.acknowledge(first.id)
-    assert tracker.published() == [second]
+    assert list(tracker.ring) == [second] and list(tracker.recent) == [first]
+    assert tracker.published() == [first, second]
     tracker.acknowledge(second.id)
-    assert tracker.published() == [] and not tracker.pending(second.id)
+    assert not tracker.ring and not tracker.pending(second.id)
+
+
+def test_recent_records_give_way_to_waiting_ones() -> None:
+    node, tracker = Node(), EndTracker()
+    for i in range(RECENT_KEPT + MAX_END_RECORDS + 5):
+        node.pods = {"a": {cid(1): (1000 + i, GIB)}}
+        observe(tracker, node, i)
+        if i == RECENT_KEPT + 4:
+            tracker.acknowledge(tracker.last_id)
+    assert len(tracker.recent) == RECENT_KEPT
+    published = tracker.published()
+    assert len(published) == MAX_END_RECORDS and all(r.id > tracker.acknowledged for r in published)
 
 
 def test_the_ring_is_bounded_and_publishes_at_most_the_api_bound() -> None:
@@ -135,8 +148,11 @@ def test_restore_takes_back_unacknowledged_records_and_ids_keep_growing() -> Non
     node.pods = {"a": {cid(1): (101, GIB)}}
     (old,) = observe(tracker, node, 10)
     fresh = EndTracker()
-    fresh.restore([old])
-    assert fresh.published() == [old]
+    fresh.restore([old], acknowledged=0)
+    assert fresh.published() == [old] and list(fresh.ring) == [old]
+    done = EndTracker()
+    done.restore([old], acknowledged=old.id)
+    assert list(done.recent) == [old] and not done.ring
     node.pods = {"a": {cid(1): (100, GIB)}}
     observe(fresh, node, 0)  # the clock went back: ids still grow
     node.pods = {"a": {cid(1): (102, GIB)}}

@@ -28,14 +28,16 @@ EVENT_REASONS = {"GPUOutOfMemory": "GPUOutOfMemory", "HostOutOfMemory": "HostOut
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One end, judged: the ``record``, the ``verdict``, the ``device`` the
-    evidence is about (the pod's largest; None without one), and the pod's
-    namespace/name (the record's, else the pod object's)."""
+    evidence is about (the pod's largest; None without one), the pod's
+    namespace/name (the record's, else the pod object's) and the node's share
+    of that device (bytes; None: unknown)."""
 
     record: EndRecord
     verdict: Verdict
     device: EndDevice | None
     namespace: str | None
     name: str | None
+    share_bytes: int | None = None
 
     @property
     def who(self) -> str:
@@ -107,8 +109,10 @@ def _device_evidence(d: EndDevice, shares: Mapping[str, int]) -> DeviceEvidence:
 def finding(record: EndRecord, pod: Mapping[str, Any] | None, shares: Mapping[str, int]) -> Finding:
     """Judge one end record."""
     meta = (pod or {}).get("metadata") or {}
-    return Finding(record, classify(evidence(record, pod, shares)), main_device(record),
-                   record.namespace or meta.get("namespace"), record.name or meta.get("name"))
+    device = main_device(record)
+    return Finding(record, classify(evidence(record, pod, shares)), device,
+                   record.namespace or meta.get("namespace"), record.name or meta.get("name"),
+                   shares.get(device.uuid) if device is not None else None)
 
 
 def pod_event(f: Finding) -> EventSpec | None:

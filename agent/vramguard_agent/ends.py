@@ -37,23 +37,28 @@ STEPS_KEPT = 6  # allocation steps remembered per pod and device: about a minute
 
 
 @dataclass(slots=True)
-class _Proc:
-    pod_uid: str
-    container_id: str | None
-    bytes_by_device: dict[str, int | None]
-
-
-@dataclass(slots=True)
 class _View:
-    """One sample, as the tracker needs it."""
+    """One sample, as the tracker needs it: the sample's own objects (kept by
+    reference, not copied: a steady tick only builds the small indexes below)."""
 
-    procs: dict[int, _Proc] = field(default_factory=dict)
+    gpu: GPUSample | None
+    attributions: Mapping[int, Attribution | NotInPod]
+    pods: dict[str, PodEntry]
+    complete_pods: bool
+    pids: set[int] = field(default_factory=set)  # processes in listed devices
     listed: set[str] = field(default_factory=set)  # devices whose process list was read
-    pods: dict[str, PodEntry] = field(default_factory=dict)
-    complete_pods: bool = False
     memory: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # uuid -> (free, usable)
-    on_device: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # uuid -> [(pod uid, bytes)]
-    steps: dict[tuple[str, str], deque[int]] = field(default_factory=dict)  # (pod uid, uuid) -> rises
+    on_device: dict[str, dict[str, int]] = field(default_factory=dict)  # uuid -> {pod uid: bytes}
+    steps: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)  # (pod uid, uuid) -> rises
+
+    def procs(self, pids: set[int]) -> dict[int, dict[str, int | None]]:
+        """Bytes by device of the given pids (read from the sample when needed)."""
+        out: dict[int, dict[str, int | None]] = {}
+        for device in self.gpu.devices if self.gpu is not None else ():
+            for proc in device.processes or ():
+                if proc.pid in pids:
+                    out.setdefault(proc.pid, {})[device.uuid] = proc.used_bytes
+        return out
 
 
 class EndTracker:
@@ -111,34 +116,28 @@ class EndTracker:
 
 def _view(gpu: GPUSample | None, attributions: Mapping[int, Attribution | NotInPod], report: NodeReport,
           last: _View | None) -> _View:
-    view = _View(pods={p.uid: p for p in report.pods}, complete_pods=not report.truncated)
+    view = _View(gpu, attributions, {p.uid: p for p in report.pods}, not report.truncated)
     for device in gpu.devices if gpu is not None else ():
-        if device.processes is None:
-            continue
-        view.listed.add(device.uuid)
-        for proc in device.processes:
-            where = attributions.get(proc.pid)
-            if isinstance(where, Attribution):
-                seen = view.procs.setdefault(proc.pid, _Proc(where.pod_uid, where.container_id, {}))
-                seen.bytes_by_device[device.uuid] = proc.used_bytes
-    for d in report.devices:
-        view.memory[d.uuid] = (d.memory.free_bytes, d.memory.usable_bytes) if d.memory else (None, None)
+        if device.processes is not None:
+            view.listed.add(device.uuid)
+            view.pids.update(p.pid for p in device.processes)
+    view.memory = {d.uuid: (d.memory.free_bytes, d.memory.usable_bytes) if d.memory else (None, None)
+                   for d in report.devices}
+    before_on = last.on_device if last is not None else {}
+    steps = last.steps if last is not None else {}  # updated in place: only rises change it
     for pod in report.pods:
         for entry in pod.devices:
-            if entry.used_bytes is None:
+            used = entry.used_bytes
+            if used is None:
                 continue
-            view.on_device.setdefault(entry.uuid, []).append((pod.uid, entry.used_bytes))
-            _step(view, last, pod.uid, entry.uuid, entry.used_bytes)
+            view.on_device.setdefault(entry.uuid, {})[pod.uid] = used
+            before = before_on.get(entry.uuid, {}).get(pod.uid)
+            if before is not None and used > before:
+                key = (pod.uid, entry.uuid)
+                steps[key] = (*steps.get(key, ())[1 - STEPS_KEPT:], used - before)
+    same_pods = last is not None and last.pods.keys() == view.pods.keys()
+    view.steps = steps if same_pods else {k: v for k, v in steps.items() if k[0] in view.pods}
     return view
-
-
-def _step(view: _View, last: _View | None, uid: str, uuid: str, used: int) -> None:
-    before = dict(last.on_device.get(uuid, ())).get(uid) if last is not None else None
-    rises = deque(last.steps.get((uid, uuid), ()) if last is not None else (), maxlen=STEPS_KEPT)
-    if before is not None and used > before:
-        rises.append(used - before)
-    if rises:
-        view.steps[(uid, uuid)] = rises
 
 
 def _ends(last: _View, now_view: _View, now: datetime) -> list[EndRecord]:
@@ -150,35 +149,39 @@ def _ends(last: _View, now_view: _View, now: datetime) -> list[EndRecord]:
             for c in pod.containers:
                 if c.container_id not in current:
                     ended_containers[c.container_id] = []
-    for pid, proc in last.procs.items():
-        if pid in now_view.procs or not set(proc.bytes_by_device) <= now_view.listed:
+    gone = last.pids - now_view.pids
+    procs = last.procs(gone) if gone else {}
+    for pid in sorted(gone):
+        where = last.attributions.get(pid)
+        if not isinstance(where, Attribution) or not set(procs.get(pid, ())) <= now_view.listed:
             continue
-        if proc.container_id in ended_containers:
-            ended_containers[proc.container_id].append(pid)
+        if where.container_id in ended_containers:
+            ended_containers[where.container_id].append(pid)
         else:
-            records.append(_record(last, now_view, now, "ProcessExit", proc.pod_uid, proc.container_id, [pid]))
+            records.append(_record(last, now_view, now, "ProcessExit", where.pod_uid, where.container_id, [pid],
+                                   procs))
     for pod in last.pods.values():
         for c in pod.containers:
             if c.container_id in ended_containers:
                 pids = ended_containers[c.container_id]
-                records.append(_record(last, now_view, now, "ContainerEnd", pod.uid, c.container_id, pids))
+                records.append(_record(last, now_view, now, "ContainerEnd", pod.uid, c.container_id, pids, procs))
     recorded = {r.pod_uid for r in records}
     for uid, pod in last.pods.items():
         after = now_view.pods.get(uid)
         if uid not in recorded and after is not None and (after.oom_kills or 0) > (pod.oom_kills or 0) and (
                 pod.oom_kills is not None):
-            records.append(_record(last, now_view, now, "CgroupOOMKill", uid, None, []))
+            records.append(_record(last, now_view, now, "CgroupOOMKill", uid, None, [], procs))
     return records
 
 
 def _record(last: _View, now_view: _View, now: datetime, kind: str, uid: str, container_id: str | None,
-            pids: list[int]) -> EndRecord:
+            pids: list[int], procs: Mapping[int, Mapping[str, int | None]]) -> EndRecord:
     pod = last.pods.get(uid)
     container = next((c for c in pod.containers if c.container_id == container_id), None) if pod else None
     after = now_view.pods.get(uid)
     process_bytes: dict[str, int] = {}
     for pid in pids:
-        for uuid, used in last.procs[pid].bytes_by_device.items():
+        for uuid, used in procs.get(pid, {}).items():
             process_bytes[uuid] = process_bytes.get(uuid, 0) + (used or 0)
     uuids = dict.fromkeys([*((e.uuid for e in pod.devices) if pod else ()), *process_bytes])
     ram = container.ram_working_set_bytes if container and container.ram_working_set_bytes is not None else (
@@ -197,10 +200,11 @@ def _record(last: _View, now_view: _View, now: datetime, kind: str, uid: str, co
 
 def _device(last: _View, uuid: str, uid: str, process_bytes: int | None) -> EndDevice:
     free, usable = last.memory.get(uuid, (None, None))
-    others = sorted(((u, b) for u, b in last.on_device.get(uuid, ()) if u != uid), key=lambda e: -e[1])
+    on = last.on_device.get(uuid, {})
+    others = sorted(((u, b) for u, b in on.items() if u != uid), key=lambda e: -e[1])
     steps = last.steps.get((uid, uuid))
     return EndDevice(
-        uuid=uuid, podBytes=dict(last.on_device.get(uuid, ())).get(uid), processBytes=process_bytes,
+        uuid=uuid, podBytes=on.get(uid), processBytes=process_bytes,
         stepBytes=max(steps) if steps else None, freeBytes=free, usableBytes=usable,
         neighbours=[_neighbour(last, u, b) for u, b in others[:MAX_END_NEIGHBOURS]],
     )

@@ -64,7 +64,7 @@ class Operator:
         self.writer.on_limits = self.reconciler.wrote_limits
         # OOM records (controller/oom.py) are published beside the reconcile loop, from the same changes.
         self.oom = OOMPublisher(api, recorder, oom_counter(metrics.registry), lambda: self.store("nodes"),
-                                cfg.request_timeout)
+                                cfg.request_timeout, budgets=lambda: self.store("budgets"))
         self.informers = watches.build(api, self._sink, settings.namespaces, cfg.unlabelled_pods,
                                        settings.watch_timeout)
         self.metrics = metrics

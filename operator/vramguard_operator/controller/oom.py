@@ -4,7 +4,8 @@ For each node report (``NodeGPUUsage``) whose ``status.ends`` holds records
 newer than the report's ``vramguard.io/ends-acknowledged`` annotation, in id
 order: read the pod (its container's terminated state and RAM limit; a GET per
 end, ends are rare), judge it (``engine.oom.finding``, with the node's share of
-each device), post the Event on the pod, count
+each device), post the Event on the pod and on the budgets involved (the
+victim's and those of the neighbours above their shares), count
 ``vramguard_oom_kills_total{namespace, kind, verdict}``, then write the last id
 into the annotation, so the agent drops the records. A failure before the
 acknowledgement publishes again on the next report: at least once, and a
@@ -29,11 +30,12 @@ from prometheus_client import CollectorRegistry, Counter
 from vramguard_api import GROUP, REPORTS, VERSION
 from vramguard_api.ends import ACK_ANNOTATION, EndRecord, acknowledged_id
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.controller.events import EventRecorder, pod_object
+from vramguard_operator.controller.events import EventRecorder, budget_object, pod_object
 from vramguard_operator.controller.indexes import Versioned
 from vramguard_operator.controller.kubeapi import API_ERRORS, NETWORK_ERRORS, api_error_text
-from vramguard_operator.engine.keys import PodRef
-from vramguard_operator.engine.oom import Finding, finding, pod_event
+from vramguard_operator.engine.keys import BudgetRef, PodRef
+from vramguard_operator.engine.oom import Finding, budget_event, finding, pod_event
+from vramguard_operator.engine.selectors import compile_selector
 from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.pressure import device_shares
 
@@ -49,12 +51,16 @@ def oom_counter(registry: CollectorRegistry) -> Counter:
 
 class OOMPublisher:
     """See the module docstring. ``nodes`` returns the GPU nodes' store (Node
-    dicts by name) for the shares; ``timeout`` bounds each API call, seconds."""
+    dicts by name) for the shares; ``budgets`` the budgets' store, for the
+    Events on the budgets involved (the victim's, and those of the neighbours
+    above their shares); ``timeout`` bounds each API call, seconds."""
 
     def __init__(self, api: client.ApiClient, recorder: EventRecorder, counter: Counter,
-                 nodes: Callable[[], Mapping[str, Mapping[str, Any]]], timeout: float = 10.0) -> None:
+                 nodes: Callable[[], Mapping[str, Mapping[str, Any]]], timeout: float = 10.0,
+                 budgets: Callable[[], Mapping[Any, Any]] = dict) -> None:
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         self.recorder, self.counter, self.nodes, self.timeout = recorder, counter, nodes, timeout
+        self.budgets = budgets  # the budgets' store (Versioned[BudgetEntry] by (namespace, name))
         self.queue: queue.Queue[NodeGPUUsage | None] = queue.Queue()
         self.acknowledged: dict[str, int] = {}  # report name -> last id acknowledged (what the annotation says)
 
@@ -99,8 +105,38 @@ class OOMPublisher:
             if ref.namespace and ref.name:
                 self.recorder.post(pod_object(ref), spec)
             self.counter.labels(*f.labels).inc()
+            self._post_budgets(f, pod)
             log.info("%s: %s", spec.reason, spec.message)
         return f
+
+    def _post_budgets(self, f: Finding, pod: Mapping[str, Any] | None) -> None:
+        """The same Event on every budget selecting the victim or a neighbour above its share."""
+        involved = [pod] + [self._read_pod(*n.name.split("/", 1)) for n in f.verdict.neighbours_above_share
+                            if "/" in n.name]
+        refs: dict[BudgetRef, None] = {}
+        for p in involved:
+            for ref in self._budgets_of(p):
+                refs[ref] = None
+        for ref in refs:
+            spec = budget_event(f, f"{ref.namespace}/{ref.name}")
+            if spec is not None:
+                self.recorder.post(budget_object(ref), spec)
+
+    def _budgets_of(self, pod: Mapping[str, Any] | None) -> list[BudgetRef]:
+        meta = (pod or {}).get("metadata") or {}
+        labels, ns = meta.get("labels") or {}, meta.get("namespace")
+        out = []
+        for versioned in self.budgets().values():
+            entry = getattr(versioned, "value", None)
+            budget = getattr(entry, "budget", None)
+            if budget is None or entry.namespace != ns:  # type: ignore[union-attr]
+                continue
+            try:
+                if compile_selector(budget.spec.selector)(labels):
+                    out.append(BudgetRef(entry.namespace, entry.name, versioned.uid))  # type: ignore[union-attr]
+            except ValueError:
+                continue
+        return out
 
     def _shares(self, report: NodeGPUUsage) -> dict[str, int]:
         node = (report.spec.node_name if report.spec else None) or report.metadata.name or ""
@@ -110,18 +146,22 @@ class OOMPublisher:
     def _pod(self, record: EndRecord) -> dict[str, Any] | None:
         if not record.namespace or not record.name:
             return None
+        body = self._read_pod(record.namespace, record.name)
+        uid = (body or {}).get("metadata", {}).get("uid")
+        return body if uid in (None, record.pod_uid) else None  # a new pod of the same name is not the one
+
+    def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            pod = self.core.read_namespaced_pod(record.name, record.namespace, _request_timeout=self.timeout)
+            pod = self.core.read_namespaced_pod(name, namespace, _request_timeout=self.timeout)
         except ApiException as err:
             if err.status != 404:
-                log.warning("cannot read pod %s/%s: %s", record.namespace, record.name, api_error_text(err))
+                log.warning("cannot read pod %s/%s: %s", namespace, name, api_error_text(err))
             return None
         except NETWORK_ERRORS as err:
-            log.warning("cannot read pod %s/%s: %s", record.namespace, record.name, err)
+            log.warning("cannot read pod %s/%s: %s", namespace, name, err)
             return None
         body: dict[str, Any] = self.core.api_client.sanitize_for_serialization(pod)
-        uid = (body.get("metadata") or {}).get("uid")
-        return body if uid in (None, record.pod_uid) else None  # a new pod of the same name is not the one
+        return body
 
     def _acknowledge(self, name: str, last_id: int) -> bool:
         body = {"metadata": {"annotations": {ACK_ANNOTATION: str(last_id)}}}

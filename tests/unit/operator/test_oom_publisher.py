@@ -15,7 +15,7 @@ from tests.unit.agent.stubapi import StubAPI, status_body
 from vramguard_api.ends import ACK_ANNOTATION
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.events import EventRecorder
-from vramguard_operator.controller.indexes import report_entry
+from vramguard_operator.controller.indexes import budget_entry, report_entry
 from vramguard_operator.controller.informer import Change
 from vramguard_operator.controller.oom import OOMPublisher, oom_counter
 
@@ -120,3 +120,27 @@ def test_observe_queues_only_reports_with_ends():
                    Change("pods", "x", None, with_ends), Change("reports", "n1", with_ends, None)):
         pub.observe(change)
     assert pub.queue.qsize() == 1
+
+
+def test_the_budgets_of_the_victim_and_of_the_neighbour_above_its_share_get_the_event_too(stub):
+    victim = pod("victim", CID, "Error", 1, TORCH)
+    victim["metadata"]["labels"] = {"app": "victim"}
+    greedy = {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "ml", "name": "greedy", "uid": "uid-greedy",
+                                                              "labels": {"app": "greedy"}}}
+    stub.respond("GET", r"/namespaces/ml/pods/victim$", (200, victim))
+    stub.respond("GET", r"/namespaces/ml/pods/greedy$", (200, greedy))
+    stub.respond("GET", r"/namespaces/ml/pods/done$", (200, pod("done", "d" * 64, "Completed", 0, None)))
+    budgets = {("ml", n): budget_entry({"apiVersion": "vramguard.io/v1alpha1", "kind": "GPUMemoryBudget",
+                                        "metadata": {"namespace": "ml", "name": n, "uid": f"b-{n}"},
+                                        "spec": {"selector": {"matchLabels": {"app": app}},
+                                                 "limits": {"perPod": {"vram": "10Gi"}}}})
+               for n, app in (("team-victim", "victim"), ("team-greedy", "greedy"), ("other", "nobody"))}
+    api = stub.api_client()
+    pub = OOMPublisher(api, EventRecorder(client.CoreV1Api(api)), oom_counter(CollectorRegistry()),
+                       lambda: {"n1": NODE}, budgets=lambda: budgets)
+    pub.publish(model(report_body()))
+    events = [q.body for q in stub.requests if q.method == "POST" and q.path.endswith("/events")]
+    on = sorted((e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events)
+    assert on == [("GPUMemoryBudget", "team-greedy"), ("GPUMemoryBudget", "team-victim"), ("Pod", "victim")]
+    budget_messages = [e["message"] for e in events if e["involvedObject"]["kind"] == "GPUMemoryBudget"]
+    assert all(m.startswith("budget ml/team-") and "pod ml/victim" in m for m in budget_messages)

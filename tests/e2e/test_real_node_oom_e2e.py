@@ -93,7 +93,7 @@ def test_a_pod_refused_because_a_neighbour_grew_is_innocent_and_names_it(
     assert event.reason == "GPUOutOfMemory" and "innocent" in event.message
     assert f"{namespace}/finetune held" in event.message and "above its share" in event.message
     assert "PyTorch said" in event.message
-    wanted = f'vramguard_oom_kills_total{{kind="GPUOutOfMemory",namespace="{namespace}",verdict="Innocent"}} 1.0'
+    wanted = f'vramguard_oom_kills_total{{namespace="{namespace}",kind="GPUOutOfMemory",verdict="Innocent"}} 1.0'
     assert wanted in running.metrics()
 
 

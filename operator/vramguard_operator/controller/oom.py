@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -40,6 +41,20 @@ from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.pressure import device_shares
 
 log = logging.getLogger("vramguard.oom")
+SETTLE_S = 30.0  # how long a record waits for the kubelet to report its container terminated
+
+
+def settled(record: EndRecord, pod: Mapping[str, Any] | None, now: datetime) -> bool:
+    """Whether the record can be judged: its pod is gone, or its container is
+    reported terminated (or no longer listed), or ``SETTLE_S`` have passed since
+    the agent noticed the end. The agent samples faster than the kubelet
+    relists its containers, so the container can still show as running."""
+    if pod is None or record.container_id is None or (now - record.time).total_seconds() >= SETTLE_S:
+        return True
+    for cs in (pod.get("status") or {}).get("containerStatuses") or ():
+        if str(cs.get("containerID") or "").endswith(record.container_id):
+            return "running" not in (cs.get("state") or {}) or record.kind == "CgroupOOMKill"
+    return True
 
 
 def oom_counter(registry: CollectorRegistry) -> Counter:
@@ -57,10 +72,12 @@ class OOMPublisher:
 
     def __init__(self, api: client.ApiClient, recorder: EventRecorder, counter: Counter,
                  nodes: Callable[[], Mapping[str, Mapping[str, Any]]], timeout: float = 10.0,
-                 budgets: Callable[[], Mapping[Any, Any]] = dict) -> None:
+                 budgets: Callable[[], Mapping[Any, Any]] = dict,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         self.recorder, self.counter, self.nodes, self.timeout = recorder, counter, nodes, timeout
         self.budgets = budgets  # the budgets' store (Versioned[BudgetEntry] by (namespace, name))
+        self.clock = clock
         self.queue: queue.Queue[NodeGPUUsage | None] = queue.Queue()
         self.acknowledged: dict[str, int] = {}  # report name -> last id acknowledged (what the annotation says)
 
@@ -83,20 +100,32 @@ class OOMPublisher:
                     log.exception("publishing the OOM records of %s failed", report.metadata.name)
 
     def publish(self, report: NodeGPUUsage) -> list[Finding]:
-        """Publish the report's unacknowledged records; returns their findings."""
+        """Publish the report's unacknowledged records, in order, up to the first
+        whose container the kubelet has not yet reported terminated (it is
+        published on a later pass, ``SETTLE_S`` at the latest); returns the findings."""
         name = report.metadata.name or ""
-        acked = max(self.acknowledged.get(name, 0), acknowledged_id({"metadata": {"annotations": report.metadata.annotations}}))
+        annotation = acknowledged_id({"metadata": {"annotations": report.metadata.annotations}})
+        acked = max(self.acknowledged.get(name, 0), annotation)
         new = sorted((r for r in (report.status.ends if report.status else []) if r.id > acked), key=lambda r: r.id)
-        if not new:
-            return []
-        shares = self._shares(report)
-        found = [self._publish_one(r, shares) for r in new]
-        if self._acknowledge(name, new[-1].id):
-            self.acknowledged[name] = new[-1].id
+        shares = self._shares(report) if new else {}
+        found: list[Finding] = []
+        for record in new:
+            pod = self._pod(record)
+            if not settled(record, pod, self.clock()):
+                self.retry(report)
+                break
+            found.append(self._publish_one(record, pod, shares))
+        if found and self._acknowledge(name, found[-1].record.id):
+            self.acknowledged[name] = found[-1].record.id
         return found
 
-    def _publish_one(self, record: EndRecord, shares: Mapping[str, int]) -> Finding:
-        pod = self._pod(record)
+    def retry(self, report: NodeGPUUsage) -> None:
+        """Look at ``report`` again in a second (the kubelet's status is on its way)."""
+        timer = threading.Timer(1.0, self.queue.put, [report])
+        timer.daemon = True
+        timer.start()
+
+    def _publish_one(self, record: EndRecord, pod: dict[str, Any] | None, shares: Mapping[str, int]) -> Finding:
         f = finding(record, pod, shares)
         spec = pod_event(f)
         if spec is not None:

@@ -144,3 +144,20 @@ def test_the_budgets_of_the_victim_and_of_the_neighbour_above_its_share_get_the_
     assert on == [("GPUMemoryBudget", "team-greedy"), ("GPUMemoryBudget", "team-victim"), ("Pod", "victim")]
     budget_messages = [e["message"] for e in events if e["involvedObject"]["kind"] == "GPUMemoryBudget"]
     assert all(m.startswith("budget ml/team-") and "pod ml/victim" in m for m in budget_messages)
+
+
+def test_a_record_waits_for_the_kubelet_to_report_its_container_terminated(stub):
+    running = pod("victim", CID, "Error", 1, TORCH)
+    running["status"]["containerStatuses"][0].update({"containerID": f"containerd://{CID}", "state": {"running": {}}})
+    stub.respond("GET", r"/namespaces/ml/pods/victim$", (200, running), (200, pod("victim", CID, "Error", 1, TORCH)))
+    stub.respond("GET", r"/namespaces/ml/pods/done$", (200, pod("done", "d" * 64, "Completed", 0, None)))
+    api = stub.api_client()
+    now = datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)  # 5 s after the agent noticed the ends
+    pub = OOMPublisher(api, EventRecorder(client.CoreV1Api(api)), oom_counter(CollectorRegistry()),
+                       lambda: {"n1": NODE}, clock=lambda: now)
+    report = model(report_body())
+    assert pub.publish(report) == []  # still running in the pod's status: nothing published, nothing acknowledged
+    assert not [q for q in stub.requests if q.method in ("POST", "PATCH")]
+    assert pub.queue.get(timeout=3) is report  # looked at again a second later
+    found = pub.publish(report)
+    assert [f.verdict.kind for f in found] == ["GPUOutOfMemory", "NotMemory"]

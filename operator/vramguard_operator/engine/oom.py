@@ -142,7 +142,12 @@ def message(f: Finding) -> str:
         "CapKill": "was stopped by the driver's memory cap",
         "HostOutOfMemory": "was killed for host RAM (not VRAM)",
     }.get(v.kind, "ended")
-    where = f" on {d.uuid} ({format_bytes(d.free_bytes)} free of {format_bytes(d.usable_bytes)})" if d else ""
+    if d is None:
+        where = ""
+    elif v.kind == "HostOutOfMemory":  # the device is not the cause: say what the pod held there
+        where = f" (it held {format_bytes(d.pod_bytes or d.process_bytes)} of VRAM on {d.uuid})"
+    else:
+        where = f" on {d.uuid} ({format_bytes(d.free_bytes)} free of {format_bytes(d.usable_bytes)})"
     blame = {"Innocent": "innocent: within its share", "Own": "its own: above its share or limit",
              "Unknown": "share unknown"}.get(v.blame or "", "")
     parts = [f"container {container} of {f.who} {head}{where}" + (f"; {blame}" if blame else "")]

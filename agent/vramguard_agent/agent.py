@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from vramguard_api.ends import acknowledged_id, ends_of
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S, HistoryStore
 
 from .caps import CapEnforcer
@@ -197,6 +198,8 @@ class Agent:
         )
         self.last_written: Digest | None = None
         self.last_written_at: float | None = None
+        self.ends_written = 0  # the newest end record written
+        self.ends_restored = False
         caps = parts.sampler.caps
         if caps is not None:
             caps.on_operation = lambda op, result: self.metrics.memory_limit_calls.labels(op, result).inc()
@@ -224,18 +227,28 @@ class Agent:
         if reporter is None:
             return
         now = self.clock()
+        ends = self.parts.sampler.ends
         current = digest(result.report)
         decision = decide(self.last_written, self.last_written_at, current, now, self.cfg.policy)
-        if not decision.write:
+        if not decision.write and not ends.pending(self.ends_written):  # a new end is written at once
             return
         try:
             status = result.status
+            status.ends = ends.published()
         except Exception:  # noqa: BLE001 - a report the API model refuses is a bug: log it, keep sampling
             log.exception("report not written: the API model refused it")
             self.metrics.writes.labels("error").inc()
             return
-        if reporter.publish(status):
-            log.debug("report written: %s", decision.reason)
+        # The first write leaves status.ends as the API server has it: its answer returns
+        # what an earlier agent published and the operator has not acknowledged.
+        if reporter.publish(status, omit=() if self.ends_restored else ("ends",)):
+            log.debug("report written: %s", decision.reason or "end records")
+            if not self.ends_restored:
+                ends.restore(ends_of(reporter.last_object), acknowledged_id(reporter.last_object))
+                self.ends_restored = True
+            else:
+                self.ends_written = ends.last_id
+            ends.acknowledge(acknowledged_id(reporter.last_object))
             self.last_written, self.last_written_at = current, now
             self.metrics.writes.labels("ok").inc()
             self.metrics.last_write.set(time.time())

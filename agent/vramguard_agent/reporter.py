@@ -80,15 +80,18 @@ class Reporter:
         self.retry_at = 0.0
         self.last_error: str | None = None
         self.writes = 0
+        self.last_object: Any = None
         self._created = False
 
-    def publish(self, status: NodeGPUUsageStatus) -> bool:
-        """Write ``status``; see the class docstring."""
+    def publish(self, status: NodeGPUUsageStatus, omit: tuple[str, ...] = ()) -> bool:
+        """Write ``status``; see the class docstring. The status fields named in
+        ``omit`` (API names) are left out of the merge patch, so the API server
+        keeps what it has for them."""
         now = self.clock()
         if now < self.retry_at:
             return False
         try:
-            self._write(status)
+            self._write(status, omit)
         except Exception as err:  # noqa: BLE001 - API, HTTP and socket errors alike: retry later
             self._failed(err, now)
             return False
@@ -109,10 +112,10 @@ class Reporter:
             delay,
         )
 
-    def _write(self, status: NodeGPUUsageStatus) -> None:
+    def _write(self, status: NodeGPUUsageStatus, omit: tuple[str, ...] = ()) -> None:
         if not self._created:
             self._create()
-        body = {"status": status.to_api()}
+        body = {"status": {k: v for k, v in status.to_api().items() if k not in omit}}
         try:
             self._patch(body)
         except Exception as err:
@@ -124,7 +127,8 @@ class Reporter:
             self._patch(body)
 
     def _patch(self, body: dict[str, Any]) -> None:
-        self.api.patch_cluster_custom_object_status(
+        # The response is the object written: it carries the operator's acknowledgement (vramguard_api.ends).
+        self.last_object = self.api.patch_cluster_custom_object_status(
             GROUP,
             VERSION,
             REPORTS,

@@ -26,6 +26,7 @@ from . import __version__
 from .aggregation import Aggregation, aggregate
 from .caps import CapEnforcer
 from .cgroups import Attribution, NotInPod, attribute_pid
+from .ends import EndTracker
 from .gpu import BackendUnavailable, GPUBackend, GPUSample
 from .memory import CgroupMemoryReader
 from .metrics import ContainerDeviceUsage
@@ -92,6 +93,7 @@ class Sampler:
         self.history_clock = history_clock or wall_clock
         self.cache_key = cache_key
         self.caps = caps
+        self.ends = EndTracker()  # the ends between samples (ends.py), published with the report
         self._cache_key: object = None
         self._attributions: dict[int, Attribution | NotInPod] = {}
         self._conditions: list[Condition] | None = None
@@ -142,6 +144,7 @@ class Sampler:
         )
         report = build_report(gpu, error, agg, inputs, agent, now, self._conditions, self.bounds)
         self._conditions = report.conditions
+        self.ends.observe(gpu, attributions, report, now)
         return SampleResult(report, functools.partial(container_devices, agg, pods, names), error)
 
     def _limit_pods(self, pods: Mapping[str, PodMeta]) -> list[str]:

@@ -85,6 +85,13 @@ class GPUMemoryPolicySpec(APIModel):
         alias="injectFrameworkCaps",
         description="Opt in to the mutating webhook that injects framework memory caps into GPU pods.",
     )
+    termination_message_fallback: bool | None = Field(
+        default=None,
+        alias="terminationMessageFallback",
+        description="The mutating webhook sets terminationMessagePolicy: FallbackToLogsOnError on GPU containers that "
+        "keep the default (File), so that a framework's out-of-memory message reaches the pod's status for OOM "
+        "records (docs/oom.md). Unset: on; false switches it off.",
+    )
     device_pressure: DevicePressure | None = Field(
         default=None,
         alias="devicePressure",

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from .ends import MAX_END_RECORDS, EndRecord
 from .meta import APIModel, Condition, ObjectMeta
 from .trend import MAX_REPORT_SECONDS, TrendFeatures
 from .units import MAX_BYTES
@@ -289,6 +290,11 @@ class NodeGPUUsageStatus(APIModel):
         default_factory=list, max_length=MAX_UNATTRIBUTED, description="GPU processes in no pod."
     )
     truncated: bool = Field(default=False, description="True when lists were cut to their size bounds.")
+    ends: list[EndRecord] = Field(
+        default_factory=list,
+        max_length=MAX_END_RECORDS,
+        description="Ends (GPU processes, containers) not yet acknowledged by the operator (vramguard_api.ends).",
+    )
 
 
 class NodeGPUUsage(APIModel):

@@ -7,8 +7,10 @@ the CSV that
 (one series per GPU) writes (``memlog.py``), and judges each series with the
 detector the agent and the operator use (:mod:`vramguard_api.leak`). Says when
 a log is too short to judge, draws a sparkline of the floor, and with
-``--plot`` a picture of the verdict (``analyze_plot.py``, matplotlib). Exit
-status: 0 no leak, 1 a leak in at least one series, 2 bad input.
+``--plot`` a picture of the verdict (``analyze_plot.py``, matplotlib). A
+container log or kernel lines that show an out-of-memory kill are read as such
+instead (``oom_log.py``). Exit status: 0 no leak (or no OOM), 1 a leak in at
+least one series (or an OOM in the log), 2 bad input.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from vramguard_api.leak import (
     verdict,
 )
 from vramguard_api.units import format_bytes, format_seconds
+from vramguard_operator.cli import oom_log
 from vramguard_operator.cli.analyze_plot import PlotError, plot, sparkline
 from vramguard_operator.cli.memlog import LogError, Series, read_log, select
+from vramguard_operator.cli.oom_log import shows_oom
 
 EXIT_NO_LEAK, EXIT_LEAK, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OOM = 1  # a log that shows an out-of-memory kill (oom_log.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"vramguard analyze: --interval must be above 0s, got {args.interval:g}s", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
+        text = args.file.read_text(errors="replace")
+        if shows_oom(text):  # a container log or kernel lines, not a memory CSV (oom_log.py)
+            return _oom_log(args, text)
         series = select(read_log(args.file, args.interval), args.pid)
     except (OSError, UnicodeDecodeError) as err:
         print(f"vramguard analyze: cannot read {args.file}: {err}", file=sys.stderr)
@@ -114,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"vramguard analyze: --plot: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
     return EXIT_LEAK if any(result.leak for _, _, result in judged) else EXIT_NO_LEAK
+
+
+def _oom_log(args: argparse.Namespace, text: str) -> int:
+    findings = oom_log.judge(text)
+    print(oom_log.to_json(str(args.file), findings) if args.json else oom_log.describe(str(args.file), findings))
+    return EXIT_OOM if findings.any else EXIT_NO_LEAK
 
 
 def _too_short(a: Analysis, thresholds: dict[str, float]) -> float | None:

@@ -1,4 +1,4 @@
-"""The ``vramguard`` command: ``operator``, ``top``, ``analyze``, ``replay``, ``simulate``.
+"""The ``vramguard`` command: ``operator``, ``top``, ``analyze``, ``replay``, ``simulate``, ``oom``.
 
 A click group. ``operator`` and ``top`` are click commands whose options come
 from one table each (``controller.settings`` and ``top``); ``analyze``,
@@ -25,6 +25,7 @@ ARGPARSE_SUBCOMMANDS = {
     "analyze": ("vramguard_operator.cli.analyze", "say whether a VRAM log shows a leak"),
     "replay": ("vramguard_operator.cli.replay", "replay recorded usage against a budget offline"),
     "simulate": ("vramguard_operator.cli.simulate", "simulate a GPU fleet with vramguard off and on"),
+    "oom": ("vramguard_operator.cli.oom", "list recent OOM kills on GPU nodes with their kind, verdict and blame"),
 }
 
 

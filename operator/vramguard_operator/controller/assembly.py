@@ -21,6 +21,7 @@ from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
 from vramguard_operator.controller.informer import Informer
 from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.controller.oom import OOMPublisher, oom_counter
 from vramguard_operator.controller.reconcile import Reconciler
 from vramguard_operator.controller.settings import OperatorSettings
 from vramguard_operator.controller.shards import ShardConfig, ShardManager, shard_of
@@ -61,12 +62,19 @@ class Operator:
         self.reconciler = Reconciler(cfg, self.applier, metrics, self.writer,
                                      kinds=self._kinds(settings), owned=owned)
         self.writer.on_limits = self.reconciler.wrote_limits
-        self.informers = watches.build(api, self.reconciler.sink, settings.namespaces, cfg.unlabelled_pods,
+        # OOM records (controller/oom.py) are published beside the reconcile loop, from the same changes.
+        self.oom = OOMPublisher(api, recorder, oom_counter(metrics.registry), lambda: self.store("nodes"),
+                                cfg.request_timeout, budgets=lambda: self.store("budgets"))
+        self.informers = watches.build(api, self._sink, settings.namespaces, cfg.unlabelled_pods,
                                        settings.watch_timeout)
         self.metrics = metrics
         metrics.shards.set(1 if self.shards is None else 0)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    def _sink(self, item: Any) -> None:
+        self.reconciler.sink(item)
+        self.oom.observe(item)
 
     @staticmethod
     def _kinds(settings: OperatorSettings) -> list[str]:
@@ -90,7 +98,8 @@ class Operator:
                                 daemon=True)
         feed = threading.Thread(target=watches.start, args=(self.informers,), name="vramguard-watch-start",
                                 daemon=True)
-        self._threads = [loop, feed]
+        oom = threading.Thread(target=self.oom.run, args=(self._stop,), name="vramguard-oom", daemon=True)
+        self._threads = [loop, feed, oom]
         for t in self._threads:
             t.start()
 
@@ -98,6 +107,7 @@ class Operator:
         """Stop deciding first, then writing, then the Leases (freed for the others)."""
         self._stop.set()
         self.reconciler.sink(("stop", None))  # wakes the loop
+        self.oom.queue.put(None)  # wakes the OOM publisher
         for t in self._threads:
             t.join(timeout)
         for inf in self.informers.values():

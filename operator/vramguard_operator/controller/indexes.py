@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import ValidationError
 
 from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.ends import ACK_ANNOTATION
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.kubeapi import plain
@@ -219,6 +220,9 @@ def report_entry(body: Mapping[str, Any]) -> Versioned[NodeGPUUsage | str]:
     meta = _meta(body)
     data = dict(body)  # pydantic copies what it keeps; a shallow copy for the new metadata
     data["metadata"] = {"name": meta.get("name"), "uid": meta.get("uid")}
+    acked = (meta.get("annotations") or {}).get(ACK_ANNOTATION)
+    if acked is not None:  # how far the OOM records are published (controller/oom.py)
+        data["metadata"]["annotations"] = {ACK_ANNOTATION: acked}
     uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
     try:
         return Versioned(uid, rv, NodeGPUUsage.model_validate(data))

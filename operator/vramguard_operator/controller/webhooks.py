@@ -52,6 +52,7 @@ from vramguard_operator.policy.mutation import admission_limit, gpu_pod_label_op
 from vramguard_operator.policy.request import PodGPURequest
 from vramguard_operator.policy.sharers import may_use_gpu
 from vramguard_operator.policy.shares import candidate_nodes
+from vramguard_operator.policy.termination import termination_message_ops
 from vramguard_operator.policy.validation import check_budget, format_errors, throttled_jobs, validate_pod
 
 MANAGED_NAME = "vramguard.io"
@@ -145,6 +146,9 @@ async def mutate_pod_webhook(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo
     ns = (pod.get("metadata") or {}).get("namespace") or ""
     merged = merge(policies_of(_store(memo, "policies")), ns, labels_of(_store(memo, "namespaces"), ns))
     record = None
+    fallback = merged.termination_message_fallback
+    if not merged.exempt and req.is_gpu_pod and (fallback is None or fallback.value):  # docs/oom.md
+        ops += termination_message_ops(pod, req.gpu_containers)
     if not merged.exempt and merged.inject_framework_caps is not None and req.is_gpu_pod:
         nodes = candidate_nodes(pod, nodes_of(_store(memo, "nodes"), _store(memo, "reports")))
         limit, facts = admission_limit(req, nodes, merged)

@@ -159,6 +159,8 @@ FIELDS: dict[str, tuple[Reader, Combiner]] = {
     "pressure_action": (_pressure_action, _first),
     # Share wins: a guarantee for the pods within their share (like injectFrameworkCaps, opt-in by any policy)
     "soft_limits": (lambda p: True if p.spec.soft_limits == "Share" else None, _first),
+    # off when the first policy that says anything says off (unset: on; docs/oom.md)
+    "termination_message_fallback": (lambda p: p.spec.termination_message_fallback, _first),
 }
 """MergedPolicy field -> (reader of one policy's value or None, combiner)."""
 
@@ -183,5 +185,6 @@ FIELD_PATHS = {
     "pressure_protect_shares": "devicePressure.protectShares",
     "pressure_action": "devicePressure.action",
     "soft_limits": "softLimits",
+    "termination_message_fallback": "terminationMessageFallback",
 }
 """MergedPolicy field -> the spec path it comes from, as status and docs name it."""

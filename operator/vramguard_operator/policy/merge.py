@@ -25,6 +25,7 @@ Precedence (docs/policy.md, "Precedence"):
   that keeps a namespace from enforcement (fail safe). Its limits are not used.
 - ``evictionRateLimit``: the smallest ``perMinute`` and the smallest ``burst``.
 - ``injectFrameworkCaps``: on when any applying policy opts in.
+- ``terminationMessageFallback``: the first applying policy that sets it (unset: on).
 - ``devicePressure``: the largest ``minFree`` percentage and the largest
   ``minFree`` quantity of the applying policies both hold (a device keeps the
   larger of the two: the most protective threshold wins); ``protectShares``
@@ -91,6 +92,7 @@ class MergedPolicy:
     pressure_protect_shares: Sourced[bool] | None = None
     pressure_action: Sourced[str] | None = None
     soft_limits: Sourced[bool] | None = None
+    termination_message_fallback: Sourced[bool] | None = None
     invalid: tuple[str, ...] = ()
 
     @property

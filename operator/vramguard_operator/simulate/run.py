@@ -16,6 +16,7 @@ from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
 from vramguard_operator.simulate.control import ControlConfig, Vramguard
 from vramguard_operator.simulate.fleet import Fleet
 from vramguard_operator.simulate.nodes import build_nodes
+from vramguard_operator.simulate.ooms import verdict
 from vramguard_operator.simulate.policyfile import PolicySet
 from vramguard_operator.simulate.results import Comparison, RunFigures
 from vramguard_operator.simulate.workloads import DEFAULT_MIX, KINDS, generate
@@ -95,7 +96,7 @@ def compare(config: SimulationConfig, policy: PolicySet, caps: bool = True) -> C
 
 
 def _figures(fleet: Fleet, guard: Vramguard | None, duration_s: float, wall_s: float, cpu_s: float) -> RunFigures:
-    innocent = [o for o in fleet.ooms if o.within_share]
+    innocent = [o for o in fleet.ooms if verdict(o).innocent]  # the live classifier (simulate.ooms)
     by_reason: dict[str, int] = {}
     for o in fleet.ooms:
         by_reason[o.reason] = by_reason.get(o.reason, 0) + 1

@@ -261,7 +261,7 @@ def test_render_columns_namespace_and_wide():
                                 "warning"]
     assert render(rows, all_namespaces=True).splitlines()[1].startswith("ml ")
     wide = render(rows, wide=True).splitlines()
-    assert wide[0].split()[-3:] == ["LIMITS", "CAPS", "WHY"] and "pod 20Gi (gmb/train)" in wide[1]
+    assert wide[0].split()[-5:] == ["LIMITS", "CAPS", "LAST", "OOM", "WHY"] and "pod 20Gi (gmb/train)" in wide[1]
     assert json.loads(json.dumps(rows_json(rows)))[0]["limits"][0]["ratio"] == pytest.approx(1.2)
 
 

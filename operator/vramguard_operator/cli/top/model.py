@@ -108,6 +108,7 @@ class Row:
     pressure: float | None
     stale: bool
     caps: tuple[CapFigure, ...] = ()
+    last_oom: str | None = None  # the pod's latest OOM record: kind and age (vramguard oom has the verdict)
 
     @property
     def binding(self) -> Limit | None:

@@ -41,7 +41,7 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     if wide:
-        header += ["LIMITS", "CAPS", "WHY"]
+        header += ["LIMITS", "CAPS", "LAST OOM", "WHY"]
     out = [header]
     for r in rows:
         bind = r.binding
@@ -63,6 +63,7 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
         if wide:
             cells.append(", ".join(f"{x.name} {format_bytes(x.limit_bytes)} ({x.source})" for x in r.limits) or "-")
             cells.append(caps_text(r.caps))
+            cells.append(r.last_oom or "-")
             cells.append("; ".join(r.why) or "-")
         out.append(cells)
     return out

@@ -5,10 +5,14 @@ trend and state, sorted by pressure (``build_rows``: a ``Snapshot`` in,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from vramguard_api.budget import DEFAULT_WARNING_THRESHOLD
-from vramguard_api.units import format_bytes
+from vramguard_api.ends import ends_of
+from vramguard_api.oom import MEMORY_KINDS
+from vramguard_api.units import format_bytes, format_seconds
 from vramguard_operator.cli.top.caps import cap_figures, is_capped
 from vramguard_operator.cli.top.limits import (
     BudgetView,
@@ -21,6 +25,7 @@ from vramguard_operator.cli.top.limits import (
     parse_reports,
 )
 from vramguard_operator.cli.top.model import STATES, DeviceFigure, Limit, Row, Snapshot
+from vramguard_operator.engine.oom import finding
 from vramguard_operator.engine.records import records_from_annotation
 from vramguard_operator.engine.types import ANNOTATION_ORIGINAL_CPU, ANNOTATION_VIOLATIONS
 from vramguard_operator.policy.sharers import may_use_gpu
@@ -187,12 +192,29 @@ def build_rows(snap: Snapshot) -> tuple[list[Row], list[str]]:
     live = [p for p in snap.pods if ((p.get("status") or {}).get("phase")) not in ("Succeeded", "Failed")]
     selecting = _selecting(live, budgets)
     totals = _totals(budgets, usage)
+    ooms = last_ooms(snap)
     rows = []
     for pod in live:
         uid = (pod.get("metadata") or {}).get("uid") or ""
         u, mine = usage.get(uid), selecting.get(uid, [])
         if u is None and not mine and not _is_gpu_pod(pod):
             continue
-        rows.append(_row(pod, u, mine, totals, fresh_nodes))
+        rows.append(replace(_row(pod, u, mine, totals, fresh_nodes), last_oom=ooms.get(uid)))
     rows.sort(key=Row.sort_key)
     return rows, [*snap.notes, *notes]
+
+
+def last_ooms(snap: Snapshot) -> dict[str, str]:
+    """Each pod's latest OOM in the reports' end records (docs/oom.md): its kind
+    and how long ago, by pod uid. The verdict needs the devices' shares:
+    ``vramguard oom`` gives it."""
+    pods = {(p.get("metadata") or {}).get("uid"): p for p in snap.pods}
+    latest: dict[str, tuple[datetime, str]] = {}
+    for report in snap.reports:
+        for record in ends_of(report):
+            kind = finding(record, pods.get(record.pod_uid), {}).verdict.kind
+            seen = latest.get(record.pod_uid)
+            if kind in MEMORY_KINDS and (seen is None or record.time > seen[0]):
+                latest[record.pod_uid] = (record.time, kind)
+    return {uid: f"{kind} {format_seconds(max(0.0, (snap.now - t).total_seconds()))} ago"
+            for uid, (t, kind) in latest.items()}

@@ -1,0 +1,36 @@
+"""The fleet simulation's OOM kills through the one classifier (``vramguard_api.oom``),
+so that its "innocent OOM kills" mean what the live cluster's do (``docs/oom.md``).
+
+A simulated kill carries what the driver saw: the process's holdings, the
+allocation that failed, the device's free memory, the pod's share and why the
+allocation failed (``gpumem``: the device was full, the pod's hard limit, or an
+eviction above its soft limit). That is the evidence an agent's end record and
+the pod's exit give live: a device-full kill is a non-zero exit with less free
+memory than the step it asked for (``GPUOutOfMemory``); a cap's is ``CapKill``.
+"""
+
+from __future__ import annotations
+
+from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
+from vramguard_api.oom import DeviceEvidence, Evidence, Verdict, classify
+from vramguard_operator.simulate.fleet import OOMRecord
+
+_CAPS = {REASON_HARD_LIMIT: "HardLimit", REASON_SOFT_LIMIT: "SoftLimit"}
+
+
+def evidence(record: OOMRecord) -> Evidence:
+    """The classifier's evidence for one simulated OOM kill (bytes as the driver saw them)."""
+    device = DeviceEvidence(
+        uuid=record.device,
+        free_bytes=record.free_bytes,
+        held_bytes=record.held_bytes,
+        requested_bytes=record.requested_bytes,
+        share_bytes=record.share_bytes,
+        step_bytes=record.requested_bytes,
+    )
+    return Evidence(exit_code=1, reason="Error", cap_reason=_CAPS.get(record.reason), device=device)  # type: ignore[arg-type]
+
+
+def verdict(record: OOMRecord) -> Verdict:
+    """The verdict on one simulated OOM kill."""
+    return classify(evidence(record))

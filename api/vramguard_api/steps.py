@@ -32,7 +32,7 @@ class Action(StrEnum):
     @property
     def rank(self) -> int:
         """Position on the ladder: Annotate 0 < Throttle 1 < Cap 2 < Evict 3."""
-        return _RANKS[self]
+        return STEP_RANKS[self]
 
     @property
     def info(self) -> StepInfo:
@@ -40,7 +40,8 @@ class Action(StrEnum):
         return STEPS[self]
 
 
-_RANKS = {a: i for i, a in enumerate(Action)}
+STEP_RANKS: dict[str, int] = {a: i for i, a in enumerate(Action)}
+"""Step name -> rank; a plain string finds its member's rank (a StrEnum hashes as its value)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, cast, get_args
 
 from vramguard_api.budget import GPUMemoryBudget, ViolationKind
-from vramguard_api.steps import ACTIONS, Action
+from vramguard_api.steps import ACTIONS, STEP_RANKS, Action
 from vramguard_operator.engine.keys import ViolationKey
 
 TOTAL_KINDS = frozenset({"TotalVRAM", "TotalRAM"})
@@ -76,7 +76,7 @@ class ViolationRecord:
 
 def step_rank(step: Action | None) -> int:
     """Position of ``step`` along Annotate < Throttle < Cap < Evict (``Action.rank``); -1 for None."""
-    return -1 if step is None else Action(step).rank
+    return -1 if step is None else STEP_RANKS[step]
 
 
 _THROTTLE_RANK = Action.THROTTLE.rank

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vramguard_api.budget import EscalationStep, GPUMemoryBudgetSpec
@@ -41,3 +43,11 @@ def test_crd_rule_and_description_derive_from_the_table():
     schema = GPUMemoryBudgetSpec.model_json_schema(by_alias=True)
     escalation = schema["$defs"]["EscalationStep"]["properties"]["action"]
     assert escalation["enum"] == ["Annotate", "Throttle", "Cap", "Evict"] and "$ref" not in escalation
+
+
+def test_every_event_reason_a_step_posts_is_documented():
+    events = (Path(__file__).resolve().parents[3] / "docs" / "operator.md").read_text()
+    table = [line for line in events.splitlines() if line.startswith("| `")]
+    for action, firing in STEP_FIRING.items():
+        for reason in firing.reasons:
+            assert any(f"`{reason}`" in row.split("|")[1] for row in table), (action, reason)

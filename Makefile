@@ -11,7 +11,7 @@ export PYTHONPATH := $(CURDIR)/api:$(CURDIR)/operator:$(CURDIR)/agent
 help:
 	@echo "make demo      run the whole system on a local cluster (builds it on first use)"
 	@echo "make test      unit + end-to-end tests (builds the local cluster on first use)"
-	@echo "make verify    generated files, lint, types, import layers and sizes"
+	@echo "make verify    generated files, lint, types, import layers, import circles and sizes"
 	@echo "make cluster   start the local cluster; make cluster-down removes it"
 	@echo "make bench     benchmarks: figures printed and written to bench-results.json"
 	@echo "make fuzz      hostile budgets, policies, reports and annotations: 10,000 inputs per kind"

@@ -3,7 +3,7 @@ operator's leak detection, so that both interpret them the same way.
 
 The features come from the leak detector (:mod:`vramguard_api.leak`): the
 operator decides a budget's leak violation from them alone with
-:func:`leak_from_trend`, through the detector's one verdict
+:func:`trend_verdict`, through the detector's one verdict
 (:func:`vramguard_api.leak.called_by`). The detector knows nothing of these
 features (this module imports it, never the reverse).
 """
@@ -53,7 +53,7 @@ class TrendFeatures(APIModel):
     first to the last quarter of the segment. ``riseSeconds`` and
     ``onsetSeconds`` are present only when the floor rises steadily (a leak's
     signature, whatever its rate); ``leak`` is the verdict at the default
-    thresholds. :func:`leak_from_trend` decides with others.
+    thresholds. :func:`trend_verdict` decides with others.
     """
 
     window_seconds: float = Field(
@@ -214,22 +214,6 @@ def trend_verdict(
         min_window_seconds=min_window_seconds,
         min_evidence_seconds=min_evidence_seconds,
     )
-
-
-def leak_from_trend(
-    trend: TrendFeatures,
-    *,
-    min_growth_bytes_per_hour: float = DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
-    min_window_seconds: float = DEFAULT_MIN_WINDOW_SECONDS,
-    min_evidence_seconds: float = DEFAULT_MIN_EVIDENCE_SECONDS,
-) -> bool:
-    """Whether the features show a leak with a budget's thresholds (:func:`trend_verdict`)."""
-    return trend_verdict(
-        trend,
-        min_growth_bytes_per_hour=min_growth_bytes_per_hour,
-        min_window_seconds=min_window_seconds,
-        min_evidence_seconds=min_evidence_seconds,
-    ) is not None
 
 
 def verdict_growth(trend: TrendFeatures, path: VerdictPath | None) -> tuple[float | None, float | None]:

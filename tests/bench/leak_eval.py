@@ -100,7 +100,7 @@ def _seconds_to_limit(used: float, limit: int | None, growth: float | None) -> f
 
 
 VIEWS: dict[str, tuple[str, View]] = {
-    "agent": ("agent: the agent's history and trend schedule, leak_from_trend (what runs live)", AgentView),
+    "agent": ("agent: the agent's history and trend schedule, trend_verdict (what runs live)", AgentView),
     "analyze": ("analyze: detect_leak on each whole prefix", analyze_view),
     "fresh": ("agent history, features fresh at each prefix end (--trend-interval 0s)",
               lambda tr: AgentView(tr, trend_interval_s=0.0)),

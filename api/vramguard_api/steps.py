@@ -83,8 +83,9 @@ STEPS: dict[Action, StepInfo] = {
         blocks="new pods of the budget, for a total violation (admission)",
     ),
 }
-"""Every step's meaning, in rank order: the one table the API, the engine's
-wording, admission and ``vramguard top`` read."""
+"""Every step's meaning, in rank order: the one table the CRD (``budget.py``),
+the engine's wording (``engine.messages``) and admission (``BLOCKING_STEPS``)
+read; status, pod annotations and ``vramguard top`` show the members' names."""
 
 ACTIONS: tuple[Action, ...] = tuple(Action)
 """The steps in rank order."""

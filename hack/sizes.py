@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Print the largest modules and functions of the source tree; check the size rule.
 
-The rule (docs/STYLE in the helper brief, issue 12): no module over ~400 lines and
-no function over ~60 lines in `api/`, `operator/`, `agent/` and `hack/`; tests and
-generated files aside.
+The rule (issue 26, docs/layout.md): modules are split by meaning, never to meet
+a number. The numbers only ask a question: a module over ~400 lines, or a
+function over ~60, is named as a warning (does it hold two things?); a module
+over ~700 lines or a function over ~80 fails the check (it does). In `api/`,
+`operator/`, `agent/` and `hack/`; tests and generated files aside.
 
 Sizes are physical lines: a module counts every line of its file (what `wc -l`
 prints); a function counts from its `def` line to its last line (`ast`'s `lineno`
@@ -13,11 +15,14 @@ towards its enclosing function. A file is generated when one of its first five
 lines carries the common marker `Code generated ... DO NOT EDIT`.
 
 Usage:
-    hack/sizes.py [--report | --check] [--top N] [--max-module L] [--max-function L] [PATH ...]
+    hack/sizes.py [--report | --check] [--top N] [--warn-module L] [--max-module L]
+                  [--warn-function L] [--max-function L] [PATH ...]
 
-Exit status: 0 in report mode, and in check mode when nothing is over a limit;
-1 in check mode when something is (each one named on stderr); 2 when a file cannot
-be parsed (the file and the parser's message on stderr).
+Exit status: 0 in report mode, and in check mode when nothing is over a failing
+limit (what is over a warning limit is named on stderr, `sizes: warning: ...`);
+1 in check mode when something is over a failing limit (each one named on
+stderr); 2 when a file cannot be parsed (the file and the parser's message on
+stderr).
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("api", "operator", "agent", "hack")
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
+WARN_MODULE_LINES = 400
+MAX_MODULE_LINES = 700
+WARN_FUNCTION_LINES = 60
+MAX_FUNCTION_LINES = 80
 # Directories never walked: tests are exempt from the rule; the rest is not source.
 SKIP_DIRS = {"tests", "__pycache__", "build", "dist", "node_modules"}
 GENERATED = re.compile(r"Code generated .*DO NOT EDIT")
@@ -109,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--report", action="store_true", help="print the largest only (the default)")
     mode.add_argument("--check", action="store_true", help="also fail naming everything over a limit")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many of each to print (default 10)")
+    parser.add_argument("--warn-module", type=int, default=WARN_MODULE_LINES, metavar="L")
     parser.add_argument("--max-module", type=int, default=MAX_MODULE_LINES, metavar="L")
+    parser.add_argument("--warn-function", type=int, default=WARN_FUNCTION_LINES, metavar="L")
     parser.add_argument("--max-function", type=int, default=MAX_FUNCTION_LINES, metavar="L")
     parser.add_argument("paths", nargs="*", type=Path, help=f"files or directories (default: {' '.join(ROOTS)})")
     args = parser.parse_args(argv)
@@ -121,19 +130,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sizes: cannot parse {err.filename}:{err.lineno}: {err.msg}", file=sys.stderr)
         return 2
 
-    print(f"largest modules (limit {args.max_module} lines, {len(modules)} modules):")
+    print(f"largest modules (warning {args.warn_module}, limit {args.max_module} lines, {len(modules)} modules):")
     for size in _largest(modules, args.top):
         print(f"  {size.lines:5d}  {size.name}")
-    print(f"largest functions (limit {args.max_function} lines, {len(functions)} functions):")
+    print(f"largest functions (warning {args.warn_function}, limit {args.max_function} lines, "
+          f"{len(functions)} functions):")
     for size in _largest(functions, args.top):
         print(f"  {size.lines:5d}  {size.name}")
     if not args.check:
         return 0
 
-    over = [(s, "module", args.max_module) for s in _largest(modules, len(modules)) if s.lines > args.max_module]
-    over += [(s, "function", args.max_function) for s in _largest(functions, len(functions)) if s.lines > args.max_function]
-    for size, kind, limit in over:
-        print(f"sizes: {kind} {size.name} has {size.lines} lines, over the limit of {limit}", file=sys.stderr)
+    over, warned = [], []
+    for kind, measured, warn, limit in (
+        ("module", modules, args.warn_module, args.max_module),
+        ("function", functions, args.warn_function, args.max_function),
+    ):
+        for size in _largest(measured, len(measured)):
+            if size.lines > limit:
+                over.append(f"sizes: {kind} {size.name} has {size.lines} lines, over the limit of {limit}")
+            elif size.lines > warn:
+                warned.append(f"sizes: warning: {kind} {size.name} has {size.lines} lines, over {warn}: "
+                              "does it hold two things?")
+    for line in warned + over:
+        print(line, file=sys.stderr)
     return 1 if over else 0
 
 

@@ -11,11 +11,9 @@ from .bounds import DELAY, GROWTH_PER_HOUR, THROTTLE_CPU, CPUQuantity, Delay, Gr
 from .limits import DeviceLimit, MemoryLimit, le_message, le_rule
 from .meta import APIModel, Condition, LabelSelector, ObjectMeta
 from .pressure import DevicePressure
+from .steps import ACTION_DOC, ACTIONS, LADDER_ORDER, Action, ActionField, rank_cel
 from .units import parse_duration, quantity_to_bytes
 
-Action = Literal["Annotate", "Throttle", "Cap", "Evict"]
-ACTIONS: tuple[Action, ...] = ("Annotate", "Throttle", "Cap", "Evict")
-LADDER_ORDER = ", ".join(ACTIONS)
 Mode = Literal["Enforce", "DryRun"]
 SoftLimits = Literal["Share", "Off"]
 ViolationKind = Literal["PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak", "DevicePressure"]
@@ -23,11 +21,10 @@ ViolationKind = Literal["PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRA
 DEFAULT_THROTTLE_CPU = "100m"
 DEFAULT_WARNING_THRESHOLD = 0.85
 
-_RANK = "({x}.action == 'Annotate' ? 0 : ({x}.action == 'Throttle' ? 1 : ({x}.action == 'Cap' ? 2 : 3)))"
 # Checked only when every delay can go through duration() (each step's own rule reports the others).
 _STEPS_INCREASING = (
     f"!self.all(s, {duration_guard('s.after')}) || "
-    f"self.all(a, self.all(b, {_RANK.format(x='a')} >= {_RANK.format(x='b')} || duration(a.after) < duration(b.after)))"
+    f"self.all(a, self.all(b, {rank_cel('a')} >= {rank_cel('b')} || duration(a.after) < duration(b.after)))"
 )
 
 
@@ -112,12 +109,12 @@ class EscalationStep(APIModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "!has(self.cpuLimit) || self.action == 'Throttle'",
+                    "rule": f"!has(self.cpuLimit) || self.action == '{Action.THROTTLE}'",
                     "message": "cpuLimit is only valid on a Throttle step",
                     "fieldPath": ".cpuLimit",
                 },
                 {
-                    "rule": "!has(self.hardLimit) || self.action == 'Cap'",
+                    "rule": f"!has(self.hardLimit) || self.action == '{Action.CAP}'",
                     "message": "hardLimit is only valid on a Cap step",
                     "fieldPath": ".hardLimit",
                 },
@@ -125,12 +122,7 @@ class EscalationStep(APIModel):
         }
     )
 
-    action: Action = Field(
-        description="Annotate: pod annotations and Warning Events. Throttle: lower the pod's CPU limit "
-        "through the pods/resize subresource. Cap: a driver-enforced hard limit on the pod's GPU memory per device "
-        "(NVML per-cgroup memory limits, applied by the node agent; where a device cannot hold one the step is "
-        "recorded as impossible). Evict: the Eviction API (PodDisruptionBudgets respected)."
-    )
+    action: ActionField = Field(description=ACTION_DOC)
     after: Delay = Field(
         default="0s", description=f"How long the violation must have lasted before this step fires. {DELAY.doc}"
     )
@@ -155,13 +147,13 @@ class EscalationStep(APIModel):
 
     @model_validator(mode="after")
     def _hard_limit_on_cap(self) -> EscalationStep:
-        if self.hard_limit is not None and self.action != "Cap":
+        if self.hard_limit is not None and self.action != Action.CAP:
             raise ValueError("hardLimit is only valid on a Cap step")
         return self
 
 
 def _default_ladder() -> list[EscalationStep]:
-    return [EscalationStep(action="Annotate", after="0s")]
+    return [EscalationStep(action=Action.ANNOTATE, after="0s")]
 
 
 class Enforcement(APIModel):
@@ -202,7 +194,7 @@ class Enforcement(APIModel):
         actions = [s.action for s in self.escalation]
         if len(set(actions)) != len(actions):
             raise ValueError(f"escalation: duplicate action in {actions}")
-        ordered = sorted(self.escalation, key=lambda s: ACTIONS.index(s.action))
+        ordered = sorted(self.escalation, key=lambda s: s.action.rank)
         delays = [s.after_seconds() for s in ordered]
         if any(b <= a for a, b in zip(delays, delays[1:], strict=False)):
             raise ValueError(f"escalation delays must increase along {LADDER_ORDER}")
@@ -300,7 +292,7 @@ class Violation(APIModel):
     opened_at: datetime | None = Field(
         default=None, alias="openedAt", description="When the violation opened (after the tolerance)."
     )
-    step: Action | None = Field(default=None, description="The last escalation step that fired.")
+    step: ActionField | None = Field(default=None, description="The last escalation step that fired.")
     step_time: datetime | None = Field(default=None, alias="stepTime", description="When that step fired.")
     dry_run: bool | None = Field(
         default=None,
@@ -309,7 +301,7 @@ class Violation(APIModel):
         "(effective mode DryRun, or an exempt namespace), so nothing was done. Once the budget enforces, such a step "
         "is disregarded and the due steps fire for real.",
     )
-    next_step: Action | None = Field(default=None, alias="nextStep", description="The next step, if any.")
+    next_step: ActionField | None = Field(default=None, alias="nextStep", description="The next step, if any.")
     next_step_time: datetime | None = Field(
         default=None, alias="nextStepTime", description="When the next step is due."
     )

@@ -21,9 +21,10 @@ from pydantic import AfterValidator, Field
 
 from .bounds import MEMORY_LIMIT, cel_string
 from .meta import APIModel
+from .steps import Action
 from .units import MAX_TEXT, QUANTITY_PATTERN, quantity_to_bytes
 
-PressureAction = Literal["Evict"]
+PressureAction = Literal[Action.EVICT]
 """What is done to the pod most above its share: ``Evict`` (the Eviction API).
 An enum so that later actions (a driver-enforced cap, issue 14) fit beside it."""
 
@@ -111,7 +112,7 @@ class DevicePressure(APIModel):
         "memory is under minFree or under that room. false: minFree alone (the kubelet's rule).",
     )
     action: PressureAction = Field(
-        default="Evict",
+        default=Action.EVICT,
         description="What is done, at once (bypassing the escalation ladder's delays), to the pod on the device "
         "most above its share when free memory falls under minFree: Evict (the Eviction API; "
         "PodDisruptionBudgets and the eviction rate limit respected). Never a pod within its share.",

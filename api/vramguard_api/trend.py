@@ -3,7 +3,9 @@ operator's leak detection, so that both interpret them the same way.
 
 The features come from the leak detector (:mod:`vramguard_api.leak`): the
 operator decides a budget's leak violation from them alone with
-:func:`vramguard_api.leak.leak_from_trend`.
+:func:`trend_verdict`, through the detector's one verdict
+(:func:`vramguard_api.leak.called_by`). The detector knows nothing of these
+features (this module imports it, never the reverse).
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ from typing import Annotated
 import numpy as np
 from pydantic import BeforeValidator, Field
 
-from .leak import Samples, analyse, decide
+from .leak import (
+    DEFAULT_MIN_EVIDENCE_SECONDS,
+    DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
+    DEFAULT_MIN_WINDOW_SECONDS,
+    Samples,
+    VerdictPath,
+    analyse,
+    called_by,
+)
 from .meta import APIModel
 from .units import GO_DURATION_MAX_NS, MAX_BYTES
 
@@ -43,7 +53,7 @@ class TrendFeatures(APIModel):
     first to the last quarter of the segment. ``riseSeconds`` and
     ``onsetSeconds`` are present only when the floor rises steadily (a leak's
     signature, whatever its rate); ``leak`` is the verdict at the default
-    thresholds. ``vramguard_api.leak.leak_from_trend`` decides with others.
+    thresholds. :func:`trend_verdict` decides with others.
     """
 
     window_seconds: float = Field(
@@ -154,13 +164,14 @@ def compute_trend(times_s: Samples, values_bytes: Samples, counts: Samples | Non
         evidenceSeconds=evidence_seconds,
         evidenceGrowthBytesPerHour=fast.growth_bytes_per_hour if fast is not None else None,
         evidenceGrowthLowBytesPerHour=evidence_low,
-        leak=decide(
+        leak=called_by(
             structural=rise.structural,
             rise_seconds=rise_seconds,
             growth_bytes_per_hour=_finite(rise.growth_bytes_per_hour),
             evidence_seconds=evidence_seconds,
             evidence_low_bytes_per_hour=_finite(evidence_low),
-        ),
+        )
+        is not None,
     )
 
 
@@ -173,3 +184,44 @@ def _floor_rise(ft: np.ndarray, fv: np.ndarray) -> float:
     """Lowest floor point in the last quarter of the segment less the lowest in the first."""
     quarter = (ft[-1] - ft[0]) / 4
     return float(fv[ft >= ft[-1] - quarter].min() - fv[ft <= ft[0] + quarter].min())
+
+
+def trend_verdict(
+    trend: TrendFeatures,
+    *,
+    min_growth_bytes_per_hour: float = DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
+    min_window_seconds: float = DEFAULT_MIN_WINDOW_SECONDS,
+    min_evidence_seconds: float = DEFAULT_MIN_EVIDENCE_SECONDS,
+) -> VerdictPath | None:
+    """:func:`vramguard_api.leak.called_by` on a node report's features: which path
+    calls a leak with a budget's thresholds, or None.
+
+    Gives the verdict ``detect_leak`` gives on the agent's history with the same
+    thresholds: ``trend.rise_seconds`` (with ``onset_seconds``) is present only
+    when the floor rises structurally, ``evidence_seconds`` (with
+    ``evidence_growth_low_bytes_per_hour``) only when a recent rise qualifies.
+    Features that carry only ``onset_seconds`` (older agents) are judged on it
+    (the rise cannot have lasted longer).
+    """
+    rise_seconds = trend.rise_seconds if trend.rise_seconds is not None else trend.onset_seconds
+    return called_by(
+        structural=rise_seconds is not None,
+        rise_seconds=rise_seconds,
+        growth_bytes_per_hour=trend.growth_bytes_per_hour,
+        evidence_seconds=trend.evidence_seconds,
+        evidence_low_bytes_per_hour=trend.evidence_growth_low_bytes_per_hour,
+        min_growth_bytes_per_hour=min_growth_bytes_per_hour,
+        min_window_seconds=min_window_seconds,
+        min_evidence_seconds=min_evidence_seconds,
+    )
+
+
+def verdict_growth(trend: TrendFeatures, path: VerdictPath | None) -> tuple[float | None, float | None]:
+    """(growth, its lower 95% bound), bytes per hour, of the rise a verdict
+    (``path``, :func:`trend_verdict`'s) rests on: the recent rise's when the fast
+    path calls the leak (the slow path's growth then spans the flat floor before
+    it and understates the rate), the slow path's otherwise. For the figures an
+    Event shows and the projection to the limit."""
+    if path == "fast":
+        return trend.evidence_growth_bytes_per_hour, trend.evidence_growth_low_bytes_per_hour
+    return trend.growth_bytes_per_hour, trend.growth_low_bytes_per_hour

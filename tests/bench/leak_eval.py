@@ -9,7 +9,7 @@ limit it projects:
 - ``agent``: what runs live: every sample goes through the agent's own history
   and trend schedule (``vramguard_api.history.HistoryStore`` with its defaults),
   features asked for at every sample as the agent's sampler does; at a prefix
-  end the features the agent last reported go through ``leak_from_trend``, and
+  end the features the agent last reported go through ``trend_verdict``, and
   the projection is the operator's (``seconds_to_limit`` from the last sample,
   at the growth the verdict rests on);
 - ``fresh``: the same history with features fresh at every prefix end
@@ -34,8 +34,8 @@ import numpy as np
 
 from tests.leak_corpora.trace import Trace
 from vramguard_api.history import HistoryStore
-from vramguard_api.leak import detect_leak, leak_from_trend, verdict_growth
-from vramguard_api.trend import TrendFeatures
+from vramguard_api.leak import detect_leak
+from vramguard_api.trend import TrendFeatures, trend_verdict, verdict_growth
 
 MINUTE, HOUR, MIB, GIB = 60.0, 3600.0, float(2**20), float(2**30)
 WITHIN_MINUTES = 45.0
@@ -84,9 +84,10 @@ class AgentView:
             self.next += 1
         if self.fresh and self.next:
             self.trend = self.store.trend(uid, float(t[self.next - 1]))
-        if self.trend is None or not leak_from_trend(self.trend):
+        path = None if self.trend is None else trend_verdict(self.trend)
+        if self.trend is None or path is None:
             return False, None
-        growth, _ = verdict_growth(self.trend)  # the growth the engine projects with
+        growth, _ = verdict_growth(self.trend, path)  # the growth the engine projects with
         return True, _seconds_to_limit(self.used, self.tr.limit_bytes, growth)
 
 
@@ -99,7 +100,7 @@ def _seconds_to_limit(used: float, limit: int | None, growth: float | None) -> f
 
 
 VIEWS: dict[str, tuple[str, View]] = {
-    "agent": ("agent: the agent's history and trend schedule, leak_from_trend (what runs live)", AgentView),
+    "agent": ("agent: the agent's history and trend schedule, trend_verdict (what runs live)", AgentView),
     "analyze": ("analyze: detect_leak on each whole prefix", analyze_view),
     "fresh": ("agent history, features fresh at each prefix end (--trend-interval 0s)",
               lambda tr: AgentView(tr, trend_interval_s=0.0)),

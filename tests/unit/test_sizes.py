@@ -51,7 +51,7 @@ def test_measures_modules_and_functions_by_physical_lines(tmp_path):
 
 def test_check_names_everything_over_a_limit_and_fails(tmp_path, capsys):
     src = tree(tmp_path)
-    assert sizes.main(["--check", str(src)]) == 1
+    assert sizes.main(["--check", "--max-module", "400", "--max-function", "60", str(src)]) == 1
     err = capsys.readouterr().err.splitlines()
     over = sorted(line.split()[2] for line in err)
     assert over == sorted(str(src / p) for p in [
@@ -61,6 +61,22 @@ def test_check_names_everything_over_a_limit_and_fails(tmp_path, capsys):
     assert all("over the limit of" in line for line in err)
 
 
+def test_default_check_warns_between_the_limits_and_fails_only_above(tmp_path, capsys):
+    src = tree(tmp_path)  # a 461-line module, functions of 61 to 73 lines: warnings only
+    assert sizes.main(["--check", str(src)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert sorted(line.split()[3] for line in err) == sorted(str(src / p) for p in [
+        "pkg/big.py", "pkg/big.py:long", "pkg/nested.py:Outer.method", "pkg/nested.py:outer",
+        "pkg/nested.py:outer.<locals>.inner",
+    ])
+    assert all(line.startswith("sizes: warning: ") for line in err)
+    (src / "pkg" / "long.py").write_text(function("very_long", 81))
+    assert sizes.main(["--check", str(src)]) == 1
+    err = capsys.readouterr().err
+    assert "function " + str(src / "pkg" / "long.py:very_long") + " has 81 lines, over the limit of 80" in err
+    assert sizes.main(["--check", "--max-function", "81", str(src)]) == 0
+
+
 def test_check_passes_at_the_limits_and_report_mode_never_fails(tmp_path, capsys):
     src = tree(tmp_path)
     assert sizes.main(["--report", str(src)]) == 0
@@ -68,6 +84,7 @@ def test_check_passes_at_the_limits_and_report_mode_never_fails(tmp_path, capsys
     assert out.index("461  ") < out.index("136  ")  # largest first
     assert sizes.main(["--check", "--max-module", "461", "--max-function", "73", str(src)]) == 0
     assert sizes.main(["--check", "--max-module", "461", "--max-function", "72", str(src)]) == 1
+    assert sizes.main(["--check", "--max-module", "460", "--max-function", "73", str(src)]) == 1
 
 
 def test_a_file_that_does_not_parse_is_named(tmp_path, capsys):

@@ -19,10 +19,10 @@ Outline of :func:`analyse`, which :func:`detect_leak` and
 4. **Fast path** (``evidence.py``): the last hour's 1-minute floor; a recent
    rise from a flat baseline that is clean, linear and still climbing
    *qualifies*; so does a rise from the process's start once the process has
-   run ``START_SECONDS``, or at once after a life that ended on a structural
+   run ``tuning.start_seconds``, or at once after a life that ended on a structural
    rise (an OOM restart: ``rise.previous_life_rose``).
 
-:func:`decide` then calls a leak when the structural rise has lasted
+:func:`called_by` then calls a leak when the structural rise has lasted
 ``minWindow`` (and ``minEvidence``) and grows at ``minGrowthPerHour`` or more,
 or when a qualifying rise has lasted ``minEvidence`` and the lower 95% bound of
 its growth is ``minGrowthPerHour`` or more. ``minWindow`` is thus the longest a
@@ -34,19 +34,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import numpy as np
 
 from ..robust import median
-from .evidence import FAST_BLOCK_SECONDS, START_SECONDS, Evidence, baseline_seconds, fast_block_seconds, fit_evidence
-from .evidence import MIN_POINTS as FAST_MIN_POINTS
+from .evidence import Evidence, baseline_seconds, fast_block_seconds, fit_evidence
 from .floor import floor_points
 from .rise import Rise, fit_rise, previous_life_rose
 from .series import Samples, current_segment, restarts, validate_series
-
-if TYPE_CHECKING:
-    from ..trend import TrendFeatures
+from .tuning import HOUR, MIB, TUNING, LeakTuning
 
 __all__ = [
     "DEFAULT_MIN_EVIDENCE_SECONDS",
@@ -55,27 +52,30 @@ __all__ = [
     "Analysis",
     "Evidence",
     "LeakResult",
+    "LeakTuning",
     "Rise",
     "Samples",
+    "TUNING",
+    "VerdictPath",
     "analyse",
+    "called_by",
     "current_segment",
-    "decide",
     "detect_leak",
     "fit_rise",
     "floor_points",
-    "leak_from_trend",
     "needed_seconds",
     "seconds_to_limit",
     "validate_series",
-    "verdict_growth",
+    "verdict",
 ]
 
-MIB = 2**20
-HOUR = 3600.0
+# The API's defaults of spec.leakDetection, by the names callers know them by.
+DEFAULT_MIN_GROWTH_BYTES_PER_HOUR = TUNING.default_min_growth_bytes_per_hour
+DEFAULT_MIN_WINDOW_SECONDS = TUNING.default_min_window_seconds
+DEFAULT_MIN_EVIDENCE_SECONDS = TUNING.default_min_evidence_seconds
 
-DEFAULT_MIN_GROWTH_BYTES_PER_HOUR = 200 * MIB
-DEFAULT_MIN_WINDOW_SECONDS = 1800.0
-DEFAULT_MIN_EVIDENCE_SECONDS = 420.0
+VerdictPath = Literal["slow", "fast"]
+"""Which path calls a leak: the slow path's structural rise, or the fast path's recent one."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def analyse(times_s: Samples, values_bytes: Samples, counts: Samples | None = No
     floor = floor_points(st, sv) if st.size >= 3 else None
     rise = fit_rise(st, sv, floor) if floor is not None else None
     raw_dt = _raw_interval(t, counts, len(times_s))
-    evidence = (fit_evidence(st, sv, rise.excursion_seconds, raw_dt, lambda: previous_life_rose(t, v, START_SECONDS))
+    evidence = (fit_evidence(st, sv, rise.excursion_seconds, raw_dt, lambda: previous_life_rose(t, v, TUNING.start_seconds))
                 if rise is not None else None)
     return Analysis(t, v, st, sv, floor, rise, evidence, raw_dt)
 
@@ -160,12 +160,12 @@ def _raw_interval(t: np.ndarray, counts: Samples | None, n: int) -> float:
     if counts is not None and n and min(counts) < 1:
         raise ValueError(f"counts must be >= 1, got {min(counts)}")
     if t.size < 2:
-        return FAST_BLOCK_SECONDS
+        return TUNING.fast_block_seconds
     dt = median(t[1:] - t[:-1])
     return dt / median(np.asarray(counts, dtype=float)) if counts is not None else dt
 
 
-def decide(
+def called_by(
     *,
     structural: bool,
     rise_seconds: float | None,
@@ -175,29 +175,34 @@ def decide(
     min_growth_bytes_per_hour: float = DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
     min_window_seconds: float = DEFAULT_MIN_WINDOW_SECONDS,
     min_evidence_seconds: float = DEFAULT_MIN_EVIDENCE_SECONDS,
-) -> bool:
-    """The decision, shared by :func:`detect_leak` and :func:`leak_from_trend`.
+) -> VerdictPath | None:
+    """The verdict, the one place it is derived: which path calls a leak, or None
+    (no leak). Used by :func:`verdict` (on a series), ``trend.compute_trend`` (the
+    report's ``leak``) and ``trend.trend_verdict`` (the operator's rule).
 
     Slow path: a structural rise (``rise_seconds`` long, growing at
     ``growth_bytes_per_hour``) that has lasted ``min_window_seconds`` and
     ``min_evidence_seconds``. Fast path: a qualifying rise ``evidence_seconds``
     long whose growth's lower bound is ``evidence_low_bytes_per_hour``. Both must
-    reach ``min_growth_bytes_per_hour``.
+    reach ``min_growth_bytes_per_hour``. When both call it, the slow path's: its
+    figures span the whole rise. NaN or None figures call nothing.
     """
-    slow = (
+    if (
         structural
         and rise_seconds is not None
         and growth_bytes_per_hour is not None
         and rise_seconds >= max(min_window_seconds, min_evidence_seconds)
         and growth_bytes_per_hour >= min_growth_bytes_per_hour
-    )
-    fast = (
+    ):
+        return "slow"
+    if (
         evidence_seconds is not None
         and evidence_low_bytes_per_hour is not None
         and evidence_seconds >= min_evidence_seconds
         and evidence_low_bytes_per_hour >= min_growth_bytes_per_hour
-    )
-    return bool(slow or fast)
+    ):
+        return "fast"
+    return None
 
 
 def detect_leak(
@@ -215,7 +220,7 @@ def detect_leak(
     ``values_bytes``: VRAM at those times in bytes, dropouts to zero included as
     they came; NaN marks a missing sample. ``limit_bytes``: optional limit to
     project to. The thresholds are a budget's ``spec.leakDetection``: see
-    :func:`decide` and the module docstring.
+    :func:`called_by` and the module docstring.
 
     Raises ``ValueError`` naming the argument when the lengths differ, a time is
     not finite, the times do not increase, a value is negative or infinite, or a
@@ -249,25 +254,24 @@ def verdict(
     rise, fast = a.rise, a.fast
     if rise is None:
         return LeakResult(False, 0.0, 0.0, None, None, int(a.st.size))
-    th = {
-        "min_growth_bytes_per_hour": min_growth_bytes_per_hour,
-        "min_window_seconds": min_window_seconds,
-        "min_evidence_seconds": min_evidence_seconds,
-    }
-    slow_leak = decide(structural=rise.structural, rise_seconds=rise.rise_seconds,
-                       growth_bytes_per_hour=rise.growth_bytes_per_hour, evidence_seconds=None,
-                       evidence_low_bytes_per_hour=None, **th)
-    fast_leak = fast is not None and decide(structural=False, rise_seconds=None, growth_bytes_per_hour=None,
-                                            evidence_seconds=fast.seconds,
-                                            evidence_low_bytes_per_hour=fast.growth_low_bytes_per_hour, **th)
+    path = called_by(
+        structural=rise.structural,
+        rise_seconds=rise.rise_seconds,
+        growth_bytes_per_hour=rise.growth_bytes_per_hour,
+        evidence_seconds=fast.seconds if fast is not None else None,
+        evidence_low_bytes_per_hour=fast.growth_low_bytes_per_hour if fast is not None else None,
+        min_growth_bytes_per_hour=min_growth_bytes_per_hour,
+        min_window_seconds=min_window_seconds,
+        min_evidence_seconds=min_evidence_seconds,
+    )
     seconds: float | None
-    if fast_leak and not slow_leak and fast is not None:  # the recent rise's figures, not the whole segment's
+    if path == "fast" and fast is not None:  # the recent rise's figures, not the whole segment's
         growth, low, onset, seconds = (fast.growth_bytes_per_hour, fast.growth_low_bytes_per_hour,
                                        fast.onset_t_seconds, fast.seconds)
     else:
         growth, low, onset = rise.growth_bytes_per_hour, rise.growth_low_bytes_per_hour, rise.onset_t_seconds
         seconds = rise.rise_seconds if rise.structural else None
-    leak = slow_leak or fast_leak
+    leak = path is not None
     return LeakResult(
         leak=leak,
         growth_bytes_per_hour=growth,
@@ -277,63 +281,6 @@ def verdict(
         samples=rise.samples,
         evidence_seconds=seconds,
     )
-
-
-def leak_from_trend(
-    trend: TrendFeatures,
-    *,
-    min_growth_bytes_per_hour: float = DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
-    min_window_seconds: float = DEFAULT_MIN_WINDOW_SECONDS,
-    min_evidence_seconds: float = DEFAULT_MIN_EVIDENCE_SECONDS,
-) -> bool:
-    """Decide from a node report's trend features alone, with a budget's thresholds.
-
-    Gives the verdict :func:`detect_leak` gives on the agent's history with the
-    same thresholds: ``trend.rise_seconds`` (with ``onset_seconds``) is present
-    only when the floor rises structurally, ``evidence_seconds`` (with
-    ``evidence_growth_low_bytes_per_hour``) only when a recent rise qualifies.
-    Features that carry only ``onset_seconds`` (older agents) are judged on it
-    (the rise cannot have lasted longer).
-    """
-    rise_seconds = trend.rise_seconds if trend.rise_seconds is not None else trend.onset_seconds
-    return decide(
-        structural=rise_seconds is not None,
-        rise_seconds=rise_seconds,
-        growth_bytes_per_hour=trend.growth_bytes_per_hour,
-        evidence_seconds=trend.evidence_seconds,
-        evidence_low_bytes_per_hour=trend.evidence_growth_low_bytes_per_hour,
-        min_growth_bytes_per_hour=min_growth_bytes_per_hour,
-        min_window_seconds=min_window_seconds,
-        min_evidence_seconds=min_evidence_seconds,
-    )
-
-
-def verdict_growth(
-    trend: TrendFeatures,
-    *,
-    min_growth_bytes_per_hour: float = DEFAULT_MIN_GROWTH_BYTES_PER_HOUR,
-    min_window_seconds: float = DEFAULT_MIN_WINDOW_SECONDS,
-    min_evidence_seconds: float = DEFAULT_MIN_EVIDENCE_SECONDS,
-) -> tuple[float | None, float | None]:
-    """(growth, its lower 95% bound), bytes per hour, of the rise the verdict of
-    :func:`leak_from_trend` rests on: the recent rise's when only the fast path
-    calls the leak (the slow path's growth then spans the flat floor before it
-    and understates the rate), the slow path's otherwise. For the figures an
-    Event shows and the projection to the limit."""
-    th = {
-        "min_growth_bytes_per_hour": min_growth_bytes_per_hour,
-        "min_window_seconds": min_window_seconds,
-        "min_evidence_seconds": min_evidence_seconds,
-    }
-    rise = trend.rise_seconds if trend.rise_seconds is not None else trend.onset_seconds
-    slow = decide(structural=rise is not None, rise_seconds=rise, growth_bytes_per_hour=trend.growth_bytes_per_hour,
-                  evidence_seconds=None, evidence_low_bytes_per_hour=None, **th)
-    fast = not slow and decide(structural=False, rise_seconds=None, growth_bytes_per_hour=None,
-                               evidence_seconds=trend.evidence_seconds,
-                               evidence_low_bytes_per_hour=trend.evidence_growth_low_bytes_per_hour, **th)
-    if fast:
-        return trend.evidence_growth_bytes_per_hour, trend.evidence_growth_low_bytes_per_hour
-    return trend.growth_bytes_per_hour, trend.growth_low_bytes_per_hour
 
 
 def needed_seconds(
@@ -346,7 +293,7 @@ def needed_seconds(
     """The least span of a segment on which a leak could be called at its noise, seconds.
 
     The fast path needs its baseline and a rise of ``min_evidence_seconds`` (and
-    ``MIN_POINTS`` floor points), over which a leak growing at twice the
+    ``tuning.fast_min_points`` floor points), over which a leak growing at twice the
     threshold would have the lower 95% bound of its growth above the threshold:
     with ``n = T / w`` floor points ``w`` seconds apart and a scatter ``s`` about
     the line, the slope's standard error is about ``s * sqrt(12 w) / T**1.5``
@@ -357,7 +304,7 @@ def needed_seconds(
     w = fast_block_seconds(a.raw_interval_seconds)
     s = _floor_scatter(a.st, a.sv, w)
     g = max(min_growth_bytes_per_hour, MIB) / HOUR
-    rise = max(min_evidence_seconds, (FAST_MIN_POINTS - 1) * w, (1.96 * s * math.sqrt(12 * w) / g) ** (2 / 3))
+    rise = max(min_evidence_seconds, (TUNING.fast_min_points - 1) * w, (1.96 * s * math.sqrt(12 * w) / g) ** (2 / 3))
     return min(baseline_seconds(w) + rise, max(min_window_seconds, min_evidence_seconds))
 
 

@@ -10,21 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..robust import median
-
-MIB = 2**20
-
-BLOCK_SECONDS = 300.0
-"""Floor block of the slow path: long enough to catch a training step's floor and
-to outlast an eval spike, short enough to resolve the onset."""
-MIN_BLOCK_SAMPLES = 5
-"""Blocks widen to hold this many sampling intervals when sampling is sparse."""
-OUTLIER_SIGMAS = 4.0
-"""A floor point this many robust deviations above the line through its
-neighbours missed the floor."""
+from .tuning import MIB
+from .tuning import TUNING as T
 
 
 def floor_points(
-    t: np.ndarray, v: np.ndarray, block_seconds: float = BLOCK_SECONDS, min_samples: int = MIN_BLOCK_SAMPLES
+    t: np.ndarray, v: np.ndarray, block_seconds: float = T.slow_block_seconds, min_samples: int = T.min_block_samples
 ) -> tuple[np.ndarray, np.ndarray]:
     """The segment's floor: the lowest sample per block, at the time it was seen.
 
@@ -63,7 +54,7 @@ def misread(fv: np.ndarray) -> np.ndarray:
         return out
     d2 = fv[1:-1] - (fv[:-2] + fv[2:]) / 2
     scale = 1.4826 * median(np.abs(d2 - median(d2)))
-    threshold = OUTLIER_SIGMAS * max(scale, median(np.abs(d2)), MIB)
+    threshold = T.outlier_sigmas * max(scale, median(np.abs(d2)), MIB)
     if abs(fv[0] - (2 * fv[1] - fv[2])) > 2 * threshold:
         out[0] = True
         out[1:] = misread(fv[1:])

@@ -4,7 +4,7 @@ structural. See docs/leak-detection.md, "The detector".
 A hockey stick (flat, then rising linearly from an onset) is fitted to the
 floor; the Theil–Sen slope since the onset, with its 95% confidence interval, is
 the growth. The rise is *structural* when it is significant (lower bound at
-least ``MIN_LOW_RATIO`` of the growth, rise at least ``MIN_SNR`` times the
+least ``tuning.min_low_ratio`` of the growth, rise at least ``tuning.slow_min_snr`` times the
 floor's scatter), persists (each half climbs), is still climbing (its tail),
 has lasted longer than any excursion the segment has already come back down
 from (a cycle's rising half is no leak), and is not a staircase of one or two
@@ -19,37 +19,10 @@ import numpy as np
 
 from ..robust import median
 from ..robust import theil_sen as theilslopes  # scipy.stats.theilslopes without scipy: see robust.py
-from .floor import BLOCK_SECONDS, floor_points, misread
+from .floor import floor_points, misread
 from .series import previous_segment
-
-MIB = 2**20
-HOUR = 3600.0
-
-MIN_RISE_POINTS = 4
-CONFIDENCE = 0.95
-MIN_LOW_RATIO = 0.25
-"""The growth's lower confidence bound must be at least this fraction of the growth:
-a rate that is measured, not a drift within the noise."""
-MIN_SNR = 3.0
-"""The rise (growth times duration) must be this many times the floor's robust
-scatter about the Theil–Sen line."""
-PERSISTENCE = 0.4
-"""Each half of the rise must climb at this fraction of the whole rise's slope."""
-TAIL_SECONDS = 600.0
-TAIL_FRACTION = 0.25
-TAIL_RATIO = 0.25
-"""The tail of the rise (its last ``TAIL_SECONDS`` or ``TAIL_FRACTION``, whichever is
-longer, with the point before) must climb at this fraction of the rise's slope."""
-PLATEAU_GAIN = 0.3
-"""A rise-then-plateau fit that lowers the squared error by this fraction ends the
-rise at its bend."""
-STEPS_RATIO = 0.1
-"""A staircase of at most two steps (three levels, ``staircase_ratio``) that leaves
-less than this fraction of the straight line's squared error explains the rise as
-one or two step-ups that stopped. On a line with noise (a leak) the ratio falls
-below 0.1 in under 0.5% of draws with 6 to 9 floor points (a rise of 30 to 45
-minutes) at any rise-to-noise ratio of 3 or more, and more rarely with more
-points; on two clear steps it is far below it (docs/leak-detection.md)."""
+from .tuning import HOUR, MIB
+from .tuning import TUNING as T
 
 
 @dataclass(frozen=True)
@@ -90,23 +63,23 @@ def fit_rise(
     ft, fv = ft[good], fv[good]
     if ft.size < 3:
         return None
-    onset = onset_index(ft, fv, MIN_RISE_POINTS)
+    onset = onset_index(ft, fv, T.slow_min_rise_points)
     rt, rv = ft[onset:], fv[onset:]
-    fit = theilslopes(rv, rt, alpha=CONFIDENCE)
+    fit = theilslopes(rv, rt, alpha=T.confidence)
     rise_seconds = rise_end(rt, rv) - rt[0]
     excursion = longest_excursion(ft, fv)
     structural = (
-        rt.size >= MIN_RISE_POINTS
-        and fit.low_slope >= MIN_LOW_RATIO * fit.slope > 0
-        and fit.slope * rise_seconds >= MIN_SNR * scatter(rv - (fit.intercept + fit.slope * rt))
+        rt.size >= T.slow_min_rise_points
+        and fit.low_slope >= T.min_low_ratio * fit.slope > 0
+        and fit.slope * rise_seconds >= T.slow_min_snr * scatter(rv - (fit.intercept + fit.slope * rt))
         and persists(rt, rv, fit.slope)
         and still_rising(rt, rv, fit.slope)
         and rise_seconds > excursion
-        and staircase_ratio(rt, rv) >= STEPS_RATIO
+        and staircase_ratio(rt, rv) >= T.steps_ratio
     )
     if not structural:  # no rise to measure from: the growth over the whole segment
-        fit = theilslopes(fv, ft, alpha=CONFIDENCE)
-    recent = sv[st >= st[-1] - BLOCK_SECONDS]
+        fit = theilslopes(fv, ft, alpha=T.confidence)
+    recent = sv[st >= st[-1] - T.slow_block_seconds]
     return Rise(
         growth_bytes_per_hour=float(fit.slope) * HOUR,
         growth_low_bytes_per_hour=float(fit.low_slope) * HOUR,
@@ -161,23 +134,23 @@ def line_sse(g: np.ndarray, fv: np.ndarray) -> np.ndarray:
     return ((dv[None, :] - r[:, None] * dg) ** 2).sum(axis=1)
 
 
-def rise_end(rt: np.ndarray, rv: np.ndarray, gain: float = PLATEAU_GAIN) -> float:
+def rise_end(rt: np.ndarray, rv: np.ndarray, gain: float = T.plateau_gain) -> float:
     """When the rise last advanced: the bend of a rise-then-plateau fit, or the last point.
 
     The plateau fit (least squares, bend at each candidate point) replaces the
     straight rise only when it lowers the squared error by ``gain`` or more: a
     cycle's top or a warm-up's plateau bends clearly, a noisy leak does not.
     """
-    if rt.size < MIN_RISE_POINTS + 1:
+    if rt.size < T.slow_min_rise_points + 1:
         return float(rt[-1])
-    bends = rt[MIN_RISE_POINTS - 1 :]
+    bends = rt[T.slow_min_rise_points - 1 :]
     g = np.minimum(rt[None, :], bends[:, None]) - rt[0]  # the last row is a straight line
     sse = line_sse(g, rv)
     best = int(np.argmin(sse))
     return float(bends[best]) if sse[best] <= (1 - gain) * sse[-1] else float(rt[-1])
 
 
-def persists(rt: np.ndarray, rv: np.ndarray, slope: float, ratio: float = PERSISTENCE, strict: bool = False) -> bool:
+def persists(rt: np.ndarray, rv: np.ndarray, slope: float, ratio: float = T.slow_persistence, strict: bool = False) -> bool:
     """Whether both halves of the rise climb (not one step, nor a rise that stopped)."""
     middle = (rt[0] + rt[-1]) / 2
     return climbs(rt[rt <= middle], rv[rt <= middle], slope, ratio, strict) and climbs(
@@ -186,25 +159,25 @@ def persists(rt: np.ndarray, rv: np.ndarray, slope: float, ratio: float = PERSIS
 
 
 def still_rising(rt: np.ndarray, rv: np.ndarray, slope: float) -> bool:
-    """Whether the tail of the rise (its last ``TAIL_SECONDS`` or ``TAIL_FRACTION``,
+    """Whether the tail of the rise (its last ``tuning.tail_seconds`` or ``tuning.tail_fraction``,
     whichever is longer, and the point before) climbs.
 
     A cycle's top, a warm-up's plateau and the level after a step stop climbing;
     a leak's floor keeps climbing, and stairs step again within minutes.
     """
-    tail = max(TAIL_SECONDS, TAIL_FRACTION * (rt[-1] - rt[0]))
+    tail = max(T.tail_seconds, T.tail_fraction * (rt[-1] - rt[0]))
     first = max(0, int(np.searchsorted(rt, rt[-1] - tail)) - 1)
-    return climbs(rt[first:], rv[first:], slope, TAIL_RATIO)
+    return climbs(rt[first:], rv[first:], slope, T.tail_ratio)
 
 
-def climbs(pt: np.ndarray, pv: np.ndarray, slope: float, ratio: float = PERSISTENCE, strict: bool = False) -> bool:
+def climbs(pt: np.ndarray, pv: np.ndarray, slope: float, ratio: float = T.slow_persistence, strict: bool = False) -> bool:
     """Whether a part of the rise climbs: at ``ratio`` of the rise's slope, or (with
-    ``MIN_RISE_POINTS`` points, unless ``strict``) significantly above zero, as a
+    ``tuning.slow_min_rise_points`` points, unless ``strict``) significantly above zero, as a
     leak that slows down between bursts of traffic still does."""
     if pt.size < 2:
         return False
-    part = theilslopes(pv, pt, alpha=CONFIDENCE)
-    return bool(part.slope >= ratio * slope or (not strict and pt.size >= MIN_RISE_POINTS and part.low_slope > 0))
+    part = theilslopes(pv, pt, alpha=T.confidence)
+    return bool(part.slope >= ratio * slope or (not strict and pt.size >= T.slow_min_rise_points and part.low_slope > 0))
 
 
 def staircase_ratio(rt: np.ndarray, rv: np.ndarray) -> float:
@@ -260,7 +233,7 @@ def longest_excursion(ft: np.ndarray, fv: np.ndarray, smooth: bool = False) -> f
         return 0.0
     d = np.diff(fv, n=2 if smooth else 1)
     noise = 1.4826 * median(np.abs(d - median(d))) / np.sqrt(6 if smooth else 2)
-    tol, clear = max(noise, MIB), max(4 * noise, 32 * MIB)
+    tol, clear = max(noise, MIB), max(T.excursion_sigmas * noise, T.clear_bytes)
     later = np.triu(np.ones((fv.size, fv.size), dtype=bool), 1)
     back = later & (fv[None, :] <= fv[:, None] + tol)
     first = np.argmax(back, axis=1)

@@ -13,22 +13,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..robust import median
-
-MIB = 2**20
+from .tuning import TUNING as T
 
 Samples = Sequence[float] | np.ndarray
 """A series' times (seconds) or values (bytes): a sequence or a 1-D numpy array."""
-
-ZERO_FRACTION = 0.05
-"""A sample at or below this fraction of the series' median (and at least
-``ZERO_BYTES``) counts as zero: a failed read or no process."""
-ZERO_BYTES = MIB
-RESTART_WINDOW_SECONDS = 600.0
-"""The memory before and after a run of zeros is compared over this long."""
-RESTART_DROP_FRACTION = 0.05
-"""A run of zeros is a restart when the lowest memory in the window after it is
-below the lowest in the window before it by this fraction and ``RESTART_DROP_BYTES``."""
-RESTART_DROP_BYTES = 64 * MIB
 
 
 def validate_series(times_s: Samples, values_bytes: Samples) -> tuple[np.ndarray, np.ndarray]:
@@ -83,7 +71,7 @@ def segment_start(t: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray]:
     positive = v[v > 0]
     if positive.size == 0:
         return t.size, np.ones(t.size, dtype=bool)
-    zero = v <= max(ZERO_BYTES, ZERO_FRACTION * median(positive))
+    zero = v <= max(T.zero_bytes, T.zero_fraction * median(positive))
     start = 0
     for run_start, run_end in _runs(zero):
         if run_start == 0 or (run_end < t.size and _is_restart(t, v, zero, run_start, run_end)):
@@ -97,7 +85,7 @@ def restarts(t: np.ndarray, v: np.ndarray) -> list[float]:
     positive = v[v > 0]
     if positive.size == 0:
         return []
-    zero = v <= max(ZERO_BYTES, ZERO_FRACTION * median(positive))
+    zero = v <= max(T.zero_bytes, T.zero_fraction * median(positive))
     return [
         float(t[end])
         for start, end in _runs(zero)
@@ -117,12 +105,12 @@ def _is_restart(
     t: np.ndarray, v: np.ndarray, zero: np.ndarray, run_start: int, run_end: int
 ) -> bool:
     """Whether the memory after a zero run is lower than before it (the leaked memory was freed)."""
-    lo = int(np.searchsorted(t, t[run_start] - RESTART_WINDOW_SECONDS))
-    hi = int(np.searchsorted(t, t[run_end - 1] + RESTART_WINDOW_SECONDS, side="right"))
+    lo = int(np.searchsorted(t, t[run_start] - T.restart_window_seconds))
+    hi = int(np.searchsorted(t, t[run_end - 1] + T.restart_window_seconds, side="right"))
     before, after = v[lo:run_start][~zero[lo:run_start]], v[run_end:hi][~zero[run_end:hi]]
     if before.size == 0 or after.size == 0:
         return False
     floor_before, floor_after = float(before.min()), float(after.min())
     return floor_after < floor_before - max(
-        RESTART_DROP_BYTES, RESTART_DROP_FRACTION * floor_before
+        T.restart_drop_bytes, T.restart_drop_fraction * floor_before
     )

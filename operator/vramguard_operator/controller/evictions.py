@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from vramguard_api.steps import Action
 from vramguard_operator.controller import crashpoints
 from vramguard_operator.controller.events import (
     EVENT_ACTION_FAILED,
@@ -87,11 +88,11 @@ class Evictor:
         assert d.pod is not None
         ns, metrics = d.pod.namespace, self.events.metrics
         if exempt:  # the applier removed it already; defence in depth
-            metrics.action("Evict", "skipped", ns)
+            metrics.action(Action.EVICT, "skipped", ns)
             return "skipped"
         why = self.limiter.check(d.pod.uid, scopes)
         if why == "backoff":
-            metrics.action("Evict", "backoff", ns)
+            metrics.action(Action.EVICT, "backoff", ns)
             return "backoff"
         if why == "rate_limited":
             msg = (
@@ -99,7 +100,7 @@ class Evictor:
                 f"delayed by the eviction rate limit ({', '.join(s or 'default' for s in scopes)})"
             )
             self.events.explain(d, EventSpec("Warning", EVENT_EVICTION_RATE_LIMITED, msg))
-            metrics.action("Evict", "rate_limited", ns)
+            metrics.action(Action.EVICT, "rate_limited", ns)
             return "rate_limited"
         # The token is spent before the call: an eviction that timed out may
         # have happened. Only a definite refusal gives it back.
@@ -113,7 +114,7 @@ class Evictor:
                 self.limiter.refund(scopes)
             return self._refused(d, err)
         crashpoints.reached("after-eviction")
-        metrics.action("Evict", "success", ns)
+        metrics.action(Action.EVICT, "success", ns)
         return "success"
 
     def evict_first(
@@ -159,5 +160,5 @@ class Evictor:
             f"retrying in {self.limiter.retry_seconds:g}s"
         )
         self.events.explain(d, EventSpec("Warning", reason, msg))
-        self.events.metrics.action("Evict", "blocked" if blocked else "failed", d.pod.namespace)
+        self.events.metrics.action(Action.EVICT, "blocked" if blocked else "failed", d.pod.namespace)
         return "blocked" if blocked else "failed"

@@ -11,6 +11,7 @@ from datetime import datetime
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
+from vramguard_api.steps import Action
 from vramguard_operator.controller.indexes import BudgetEntry
 from vramguard_operator.engine import budget_status as bs
 from vramguard_operator.policy.groups import NamespacePolicy, namespace_policies
@@ -46,7 +47,7 @@ def note_resize_errors(
     violations = []
     for v in status.violations:
         err = errors_by_pod.get(v.pod or "")
-        if err and v.step in ("Throttle", "Cap", "Evict") and err not in v.message:
+        if err and v.step in (Action.THROTTLE, Action.CAP, Action.EVICT) and err not in v.message:
             v = v.model_copy(update={"message": f"{v.message}; {err}"[:1024]})
         violations.append(v)
     return status.model_copy(update={"violations": violations})

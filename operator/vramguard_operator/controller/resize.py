@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from vramguard_api.steps import Action
 from vramguard_operator.controller import crashpoints
 from vramguard_operator.controller.events import EVENT_RESTORE_FAILED, EVENT_THROTTLE_FAILED, DecisionEvents
 from vramguard_operator.controller.kubeapi import API_ERRORS, error_status, error_text
@@ -141,7 +142,7 @@ class Resizer:
             explained = self.events.explain(t, t.event) and explained
             if not t.repost:
                 result = "impossible" if t.impossible_reason is not None else "success"
-                self.events.metrics.action("Throttle", result, pod.namespace)
+                self.events.metrics.action(Action.THROTTLE, result, pod.namespace)
         if not possible:
             return None, explained
         outcome = self.resize(pod, merged_resize(possible), possible)
@@ -153,5 +154,5 @@ class Resizer:
                 continue
             explained = self.events.explain(t, t.event) and explained
             if not t.repost:
-                self.events.metrics.action("Throttle", "success", pod.namespace)
+                self.events.metrics.action(Action.THROTTLE, "success", pod.namespace)
         return outcome, explained

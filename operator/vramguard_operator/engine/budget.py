@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWarning, Violation
+from vramguard_api.steps import Action
 from vramguard_operator.engine import cap_steps, caps, steps
 from vramguard_operator.engine import ladder as lad
 from vramguard_operator.engine import warnings as warn
@@ -137,7 +138,7 @@ def _catch_up_pods(w: BudgetWork, ns_pods: list[PodFacts]) -> None:
     operator's own.)"""
     by_name = {p.name: p for p in ns_pods}
     for key, rec in w.records.items():
-        if key.pod is None or rec.dry_run or rec.opened_at is None or rec.step not in ("Annotate", "Throttle", "Cap"):
+        if key.pod is None or rec.dry_run or rec.opened_at is None or rec.step not in (Action.ANNOTATE, Action.THROTTLE, Action.CAP):
             continue
         pod = by_name.get(key.pod)
         if pod is None or pod.terminating or pod.phase != "Running":

@@ -8,6 +8,7 @@ Each function works on one budget's ``BudgetWork``, as ``steps`` does.
 
 from __future__ import annotations
 
+from vramguard_api.steps import Action
 from vramguard_operator.engine import caps
 from vramguard_operator.engine import ladder as lad
 from vramguard_operator.engine import messages as msg
@@ -25,14 +26,14 @@ def cap(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep) -> None:
     if not levels:
         reason = _cap_impossible(f.m, refused)
         text = msg.cap_impossible_text(msg.step_text(w.ref, f.rec, f.m, f.next_step, f.next_time, None), reason)
-        w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAP_IMPOSSIBLE, text, w.event_key(f.rec, "Cap")), hard_limits={}, impossible_reason=reason)
+        w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAP_IMPOSSIBLE, text, w.event_key(f.rec, Action.CAP)), hard_limits={}, impossible_reason=reason)
         return
     held = caps.held_hard(d.pod)
     used = {u: v for u, v, _ in d.devices}
     hard = {u: caps.hard_limit(level, used.get(u), held.get(u)) for u, level in levels.items()}
     floors = {u: caps.hard_limit(level, level, None) for u, level in levels.items()}
-    text = msg.step_text(w.ref, f.rec, f.m, f.next_step, f.next_time, "Cap", done_text=msg.capped_text(hard, floors))
-    w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAPPED, text, w.event_key(f.rec, "Cap")), hard_limits=hard)
+    text = msg.step_text(w.ref, f.rec, f.m, f.next_step, f.next_time, Action.CAP, done_text=msg.capped_text(hard, floors))
+    w.emit(Cap, f, d, EventSpec("Warning", EVENT_CAPPED, text, w.event_key(f.rec, Action.CAP)), hard_limits=hard)
 
 
 def _cap_plan(w: BudgetWork, m: Measure, d: PodData, rung: lad.LadderStep) -> tuple[dict[str, int], list[str]]:
@@ -63,7 +64,7 @@ def want_caps(w: BudgetWork) -> None:
     if not w.acting:
         return
     for rec in w.next_records.values():
-        rung = w.ladder_for(rec.key).rung("Cap") if capped(rec) else None
+        rung = w.ladder_for(rec.key).rung(Action.CAP) if capped(rec) else None
         if rung is None:
             continue
         m = w.measured.get(rec.key)
@@ -90,7 +91,7 @@ def want_soft_limits(w: BudgetWork, lim: BudgetLimits, on: bool) -> None:
 
 def cap_status(w: BudgetWork, rec: ViolationRecord, m: Measure) -> str | None:
     """How a fired Cap stands, for the status message (None: no Cap held)."""
-    rung = w.ladder_for(rec.key).rung("Cap")
+    rung = w.ladder_for(rec.key).rung(Action.CAP)
     if not (w.acting and capped(rec) and rung is not None):
         return None
     out = []

@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
-from vramguard_api.budget import Action, GPUMemoryBudgetSpec
+from vramguard_api.budget import GPUMemoryBudgetSpec
 from vramguard_api.limits import DeviceLimit
+from vramguard_api.steps import Action
 from vramguard_operator.engine.inputs import PodFacts
 from vramguard_operator.engine.measure import Measure
 from vramguard_operator.engine.records import ViolationRecord, step_rank, throttled
@@ -64,14 +65,14 @@ def ladder_of(spec: GPUMemoryBudgetSpec, default_cpu: str, leak: bool = False) -
         LadderStep(
             s.action,
             s.after_seconds(),
-            (s.cpu_limit or default_cpu) if s.action == "Throttle" else None,
-            s.hard_limit if s.action == "Cap" else None,
+            (s.cpu_limit or default_cpu) if s.action == Action.THROTTLE else None,
+            s.hard_limit if s.action == Action.CAP else None,
         )
         for s in spec.enforcement.escalation
     ]
     ld = spec.leak_detection
-    if leak and ld is not None and ld.evict_before is not None and all(s.action != "Evict" for s in steps):
-        steps.append(LadderStep("Evict", math.inf))
+    if leak and ld is not None and ld.evict_before is not None and all(s.action != Action.EVICT for s in steps):
+        steps.append(LadderStep(Action.EVICT, math.inf))
     return Ladder(tuple(steps))
 
 
@@ -137,7 +138,7 @@ def due_time(rec: ViolationRecord, rung: LadderStep, projected_evict: datetime |
     due = None
     if rung.after_seconds != math.inf:
         due = rec.opened_at + timedelta(seconds=rung.after_seconds)
-    if rung.action == "Evict" and projected_evict is not None:
+    if rung.action == Action.EVICT and projected_evict is not None:
         due = projected_evict if due is None else min(due, projected_evict)
     return due
 
@@ -173,7 +174,7 @@ def fired(rec: ViolationRecord, action: Action, m: Measure, now: datetime, actin
 
 def evict_recorded(rec: ViolationRecord, now: datetime) -> ViolationRecord:
     """A total's Evict recorded once the pod chosen for it is terminating or gone."""
-    return replace(rec, step="Evict", step_time=now, evict_target_uid=None)
+    return replace(rec, step=Action.EVICT, step_time=now, evict_target_uid=None)
 
 
 def holds_at_throttle(rec: ViolationRecord, acting: bool) -> bool:
@@ -209,8 +210,8 @@ def evicted(rec: ViolationRecord, ladder: Ladder, now: datetime, acting: bool) -
     """``rec`` of a terminating pod: its Evict recorded when it was the next step
     and due (the pod terminating is the record that the eviction fired)."""
     rung = ladder.next_after(rec.step)
-    if rung is not None and rung.action == "Evict":
+    if rung is not None and rung.action == Action.EVICT:
         due = due_time(rec, rung, None)
         if due is not None and now >= due:
-            return replace(rec, step="Evict", step_time=now, dry_run=not acting)
+            return replace(rec, step=Action.EVICT, step_time=now, dry_run=not acting)
     return rec

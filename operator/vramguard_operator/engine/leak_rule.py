@@ -6,7 +6,7 @@ agent with ``vramguard_api.trend.compute_trend``); the replay computes the same
 features from the recorded series with the same function, so both apply this
 rule to the same numbers.
 
-Rule (a violation *holds*): ``vramguard_api.leak.leak_from_trend`` with the
+Rule (a violation *holds*): ``vramguard_api.trend.trend_verdict`` with the
 budget's ``minGrowthPerHour``, ``minWindow`` and ``minEvidence`` — the very
 decision ``detect_leak`` makes on the agent's history. It needs a rise the
 agent reported: a structural rise (``riseSeconds``, the slow path: a leak from
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramguard_api.budget import LeakDetection
-from vramguard_api.leak import DEFAULT_MIN_EVIDENCE_SECONDS, leak_from_trend, verdict_growth
-from vramguard_api.trend import TrendFeatures
+from vramguard_api.leak import DEFAULT_MIN_EVIDENCE_SECONDS, VerdictPath
+from vramguard_api.trend import TrendFeatures, trend_verdict, verdict_growth
 from vramguard_api.units import parse_duration, quantity_to_bytes
 
 
@@ -57,29 +57,29 @@ class LeakThresholds:
         )
 
 
+def leak_verdict(trend: TrendFeatures, th: LeakThresholds) -> VerdictPath | None:
+    """Which path calls a leak on the features with ``th`` (``trend_verdict``), or None."""
+    return trend_verdict(
+        trend,
+        min_growth_bytes_per_hour=th.min_growth_bytes_per_hour,
+        min_window_seconds=th.min_window_seconds,
+        min_evidence_seconds=th.min_evidence_seconds,
+    )
+
+
 def leak_holds(trend: TrendFeatures, th: LeakThresholds) -> bool | None:
     """Whether the features show a leak by the rule above; None when they lack
     growth figures (too few samples)."""
     if trend.growth_bytes_per_hour is None:
         return None
-    return leak_from_trend(
-        trend,
-        min_growth_bytes_per_hour=th.min_growth_bytes_per_hour,
-        min_window_seconds=th.min_window_seconds,
-        min_evidence_seconds=th.min_evidence_seconds,
-    )
+    return leak_verdict(trend, th) is not None
 
 
 def leak_growth(trend: TrendFeatures, th: LeakThresholds) -> tuple[float | None, float | None]:
     """(growth, lower bound), bytes per hour, of the rise the rule rests on
-    (``vramguard_api.leak.verdict_growth``): what the Event shows and the
+    (``vramguard_api.trend.verdict_growth``): what the Event shows and the
     projection to the limit uses."""
-    return verdict_growth(
-        trend,
-        min_growth_bytes_per_hour=th.min_growth_bytes_per_hour,
-        min_window_seconds=th.min_window_seconds,
-        min_evidence_seconds=th.min_evidence_seconds,
-    )
+    return verdict_growth(trend, leak_verdict(trend, th))
 
 
 def leak_cleared(trend: TrendFeatures, th: LeakThresholds) -> bool | None:

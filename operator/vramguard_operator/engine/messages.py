@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from vramguard_api.budget import Action
+from vramguard_api.steps import Action
 from vramguard_api.units import format_bytes, format_seconds
 from vramguard_api.usage import PodMemoryLimit
 from vramguard_operator.engine.keys import (
@@ -29,8 +29,6 @@ from vramguard_operator.engine.measure import Measure
 from vramguard_operator.engine.pressure import Occupant, Verdict
 from vramguard_operator.engine.records import ViolationRecord, format_time
 
-_VERB = {"Annotate": "annotate", "Throttle": "throttle", "Cap": "cap", "Evict": "evict"}
-_DONE = {"Annotate": "annotated", "Throttle": "throttled", "Cap": "capped", "Evict": "evicting"}
 _WHAT = {
     "PodVRAM": "VRAM",
     "PodRAM": "RAM",
@@ -97,10 +95,10 @@ def step_text(
         )
     if done_text is not None:
         head += f" {done_text}"
-    elif done == "Throttle":
+    elif done == Action.THROTTLE:
         head += f" Throttled: CPU limit set to {cpu}."
     elif done is not None:
-        head += f" {_DONE[done].capitalize()}."
+        head += f" {Action(done).info.done.capitalize()}."
     if next_action is None:
         return head + " No further step."
     if next_time is None:
@@ -110,7 +108,7 @@ def step_text(
 
 def dry_run_text(action: Action, text: str) -> str:
     """A DryRunStep's text: ``dry run: would <verb>.`` and the step's text."""
-    return f"dry run: would {_VERB[action]}. {text}"
+    return f"dry run: would {Action(action).info.verb}. {text}"
 
 
 def throttle_reapplied_text(text: str, cpu: str) -> str:
@@ -292,7 +290,7 @@ def pressure_exhausted_text(v: Verdict) -> str:
 
 def pressure_entry_message(v: Verdict | None, o: Occupant, state: str) -> str:
     """The message of a DevicePressure entry in a budget's status."""
-    if state == "Evict" and v is not None:
+    if state == Action.EVICT and v is not None:
         return (
             f"evicting: {pressure_head(v)}; {format_bytes(o.above)} above its share of {format_bytes(o.share)}"
         )[:1024]

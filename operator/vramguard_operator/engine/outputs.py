@@ -10,12 +10,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from vramguard_api.budget import Action, GPUMemoryBudgetStatus
+from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.memlimits import DeviceMemoryLimit
+from vramguard_api.steps import Action
 from vramguard_operator.engine.keys import BudgetRef, PodRef, ViolationKey
 from vramguard_operator.engine.pressure import VerdictKind
 
-DecisionAction = Literal["Warn", "Annotate", "Throttle", "Cap", "Evict", "Recover"]
+DecisionAction = Literal["Warn", "Recover"] | Action
+"""What a decision does: a ladder step (``vramguard_api.steps``), a warning or a recovery
+(the ``action`` label of ``vramguard_actions_total``)."""
 EventType = Literal["Normal", "Warning"]
 
 
@@ -96,7 +99,7 @@ class Annotate(DecisionBase):
 
     @property
     def action(self) -> DecisionAction:
-        return "Annotate"
+        return Action.ANNOTATE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +120,7 @@ class Throttle(DecisionBase):
 
     @property
     def action(self) -> DecisionAction:
-        return "Throttle"
+        return Action.THROTTLE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,7 +138,7 @@ class Cap(DecisionBase):
 
     @property
     def action(self) -> DecisionAction:
-        return "Cap"
+        return Action.CAP
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,7 +158,7 @@ class Evict(DecisionBase):
 
     @property
     def action(self) -> DecisionAction:
-        return "Evict"
+        return Action.EVICT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

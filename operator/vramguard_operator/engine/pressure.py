@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vramguard_api.pressure import PressureAction
+from vramguard_api.steps import Action
 from vramguard_api.units import format_bytes
 from vramguard_operator.engine.keys import BudgetRef, PodRef
 
@@ -39,7 +40,7 @@ class PressureRule:
 
     min_free_fraction: float | None = None
     min_free_bytes: int | None = None
-    action: PressureAction = "Evict"
+    action: PressureAction = Action.EVICT
     source: str = ""
     protect_shares: bool = True
 

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vramguard_api.budget import GPUMemoryBudget, Violation, ViolationKind
+from vramguard_api.steps import Action
 from vramguard_api.usage import DeviceUsage, GPUDevice, NodeGPUUsageStatus, PodUsage
 from vramguard_operator.engine.inputs import EngineInput, PodFacts
 from vramguard_operator.engine.keys import BudgetRef
@@ -233,7 +234,7 @@ def _full(ctx: _Context, o: Occupant, sels: list[Selection], d: DeviceFacts) -> 
     ):
         mode = "DryRun"
     prev = ctx.previous.get((o.pod.namespace, o.pod.name, d.uuid))
-    chosen = prev is not None and prev.entry.step == "Evict" and (prev.entry.dry_run or False) == (mode == "DryRun")
+    chosen = prev is not None and prev.entry.step == Action.EVICT and (prev.entry.dry_run or False) == (mode == "DryRun")
     return Occupant(o.pod, o.used, share, o.rule, mode, o.leaving, home, chosen)
 
 

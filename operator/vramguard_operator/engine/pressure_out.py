@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, Violation
+from vramguard_api.steps import Action
 from vramguard_operator.engine import budget_status as bs
 from vramguard_operator.engine import messages
 from vramguard_operator.engine.inputs import EngineInput
@@ -136,12 +137,12 @@ def _act(res: PressureResult, v: Verdict, previous: Mapping[PreviousKey, Previou
     uuid = v.device.uuid
     dry = o.mode == "DryRun"
     prev = previous.get((o.pod.namespace, o.pod.name, uuid))
-    same = prev is not None and o.home is not None and prev.budget.name == o.home.name and prev.entry.step == "Evict"
+    same = prev is not None and o.home is not None and prev.budget.name == o.home.name and prev.entry.step == Action.EVICT
     announced = same and prev is not None and bool(prev.entry.dry_run) == dry
     since = prev.entry.since if same and prev is not None else now
     step_time = prev.entry.step_time if announced and prev is not None and prev.entry.step_time else now
     if o.home is not None:
-        state = "DryRun" if dry else "Evict"
+        state = "DryRun" if dry else Action.EVICT
         entry = _entry(o, uuid, since, step_time, dry, messages.pressure_entry_message(v, o, state))
         res.entries[(o.home.namespace, o.home.name)].append(entry)
     if not dry:
@@ -150,7 +151,7 @@ def _act(res: PressureResult, v: Verdict, previous: Mapping[PreviousKey, Previou
         res.decisions.append(_evict(v, o, now, alternatives, exhausted))
     elif not announced:
         event = EventSpec("Warning", EVENT_DRY_RUN, messages.pressure_evict_text(v, o, dry_run=True))
-        res.decisions.append(_make(DryRunStep, v, o, now, event, would="Evict"))
+        res.decisions.append(_make(DryRunStep, v, o, now, event, would=Action.EVICT))
 
 
 def _make(cls: type[D], v: Verdict, o: Occupant, now: datetime, event: EventSpec, **extra: Any) -> D:
@@ -183,7 +184,7 @@ def _entry(o: Occupant, uuid: str, since: datetime, step_time: datetime, dry: bo
         limitBytes=max(0, o.share or 0),
         since=since,
         openedAt=since,
-        step="Evict",
+        step=Action.EVICT,
         stepTime=step_time,
         dryRun=True if dry else None,
         message=message,

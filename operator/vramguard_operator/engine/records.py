@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast, get_args
 
-from vramguard_api.budget import ACTIONS, Action, GPUMemoryBudget, ViolationKind
+from vramguard_api.budget import GPUMemoryBudget, ViolationKind
+from vramguard_api.steps import ACTIONS, STEP_RANKS, Action
 from vramguard_operator.engine.keys import ViolationKey
 
 TOTAL_KINDS = frozenset({"TotalVRAM", "TotalRAM"})
@@ -74,12 +75,12 @@ class ViolationRecord:
 
 
 def step_rank(step: Action | None) -> int:
-    """Position of ``step`` along Annotate < Throttle < Cap < Evict; -1 for None."""
-    return -1 if step is None else ACTIONS.index(step)
+    """Position of ``step`` along Annotate < Throttle < Cap < Evict (``Action.rank``); -1 for None."""
+    return -1 if step is None else STEP_RANKS[step]
 
 
-_THROTTLE_RANK = ACTIONS.index("Throttle")
-_CAP_RANK = ACTIONS.index("Cap")
+_THROTTLE_RANK = Action.THROTTLE.rank
+_CAP_RANK = Action.CAP.rank
 
 
 def throttled(rec: ViolationRecord) -> bool:
@@ -213,7 +214,7 @@ def _record_from_json(entry: Any, namespace: str, pod: str) -> ViolationRecord:
         budget_uid=_opt_str(entry, "budgetUID") or "",
         since=_parse_time(entry["since"], "since"),
         opened_at=_opt_time(entry.get("openedAt"), "openedAt"),
-        step=cast(Action | None, step),
+        step=None if step is None else Action(step),
         step_time=_opt_time(entry.get("stepTime"), "stepTime"),
         observed_bytes=_opt_int(entry.get("observedBytes"), "observedBytes"),
         limit_bytes=_opt_int(entry.get("limitBytes"), "limitBytes"),

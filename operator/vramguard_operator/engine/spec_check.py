@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from vramguard_api.bounds import DELAY, GROWTH_PER_HOUR, MEMORY_LIMIT, THROTTLE_CPU, DurationBound, QuantityBound
-from vramguard_api.budget import ACTIONS, GPUMemoryBudgetSpec
+from vramguard_api.budget import GPUMemoryBudgetSpec
+from vramguard_api.steps import ACTIONS
 from vramguard_api.units import duration_ns, show
 
 

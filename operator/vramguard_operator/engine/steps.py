@@ -4,16 +4,22 @@ Throttle re-apply, the closing Recover, the Warn, and the records they leave
 on pods. The Cap step and what a budget wants of its pods' memory limits are
 in ``cap_steps``.
 
+:data:`STEP_FIRING` is the engine's half of the ladder's one table (the API's
+half, names, ranks and meaning, is ``vramguard_api.steps.STEPS``): per step,
+the decision it builds on a pod, the Event reasons it posts, and whether it is
+level-triggered.
+
 Each function works on one budget's ``BudgetWork``; the wording comes from
 ``messages``, the moves themselves from ``ladder``.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime
 
-from vramguard_api.budget import Action
+from vramguard_api.steps import Action
 from vramguard_operator.engine import cap_steps
 from vramguard_operator.engine import ladder as lad
 from vramguard_operator.engine import messages as msg
@@ -21,6 +27,8 @@ from vramguard_operator.engine.inputs import ContainerFacts, PodFacts
 from vramguard_operator.engine.keys import (
     ANNOTATION_ORIGINAL_CPU,
     EVENT_ABOVE_WARNING,
+    EVENT_CAP_IMPOSSIBLE,
+    EVENT_CAPPED,
     EVENT_DRY_RUN,
     EVENT_EVICTING,
     EVENT_LEAK_DETECTED,
@@ -34,7 +42,9 @@ from vramguard_operator.engine.keys import (
 from vramguard_operator.engine.measure import Measure, PodData
 from vramguard_operator.engine.outputs import (
     Annotate,
+    Cap,
     ContainerCPU,
+    DecisionBase,
     DryRunStep,
     EventSpec,
     Evict,
@@ -58,15 +68,16 @@ def _text(w: BudgetWork, f: Fire, done: Action | None, cpu: str | None = None) -
 
 def fire(w: BudgetWork, rec: ViolationRecord, m: Measure, rung: lad.LadderStep) -> None:
     """Fire the due ``rung`` of the open ``rec``: at most one step per violation
-    per evaluation. Evict (when acting) is level-triggered: recorded only once
-    the pod is terminating."""
+    per evaluation, as its row of :data:`STEP_FIRING` says. A level-triggered
+    step (Evict), when acting, is recorded only once the pod is terminating."""
     targets = _targets(w, rung.action, m)
-    if rung.action == "Evict" and w.acting:
+    firing = STEP_FIRING[rung.action]
+    if firing.level_triggered and w.acting:
         if rec.key.kind in TOTAL_KINDS:
-            _evict_total(w, rec, m, targets)
+            _evict_total(w, rec, m, targets)  # Evict, the one level-triggered step
             return
         for d in targets:
-            _evict(w, Fire(rec, m), d)
+            firing.on_pod(w, Fire(rec, m), d, rung)
         return
     done = lad.fired(rec, rung.action, m, w.now, w.acting)
     w.next_records[rec.key] = done
@@ -79,14 +90,15 @@ def fire(w: BudgetWork, rec: ViolationRecord, m: Measure, rung: lad.LadderStep) 
             w.emit(DryRunStep, f, target, event, would=rung.action)
         return
     for d in targets:
-        if rung.action == "Annotate":
-            text = _text(w, f, "Annotate")
-            w.emit(Annotate, f, d, EventSpec("Warning", _annotate_reason(m.key), text, w.event_key(done, "Annotate")))
-        elif rung.action == "Cap":
-            cap_steps.cap(w, f, d, rung)
-        else:
-            _throttle(w, f, d, rung)
+        firing.on_pod(w, f, d, rung)
         w.fired_on_pod(d.pod.uid, rec, done)
+
+
+def _annotate(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep) -> None:
+    """The Annotate decision for ``d``: its record on the pod and a Warning Event."""
+    text = _text(w, f, Action.ANNOTATE)
+    event = EventSpec("Warning", _annotate_reason(f.m.key), text, w.event_key(f.rec, Action.ANNOTATE))
+    w.emit(Annotate, f, d, event)
 
 
 def _annotate_reason(key: ViolationKey) -> str:
@@ -100,7 +112,7 @@ def _targets(w: BudgetWork, action: Action, m: Measure) -> list[PodData]:
         return [m.pod]
     attr = "vram" if m.key.kind == "TotalVRAM" else "ram"
     known = [d for d in w.data if getattr(d, attr) is not None]
-    if action == "Annotate":
+    if action == Action.ANNOTATE:
         return known
     largest = max(known, key=lambda d: (getattr(d, attr) or 0, d.pod.name), default=None)
     return [] if largest is None else [largest]
@@ -132,12 +144,13 @@ def _gone(pod: PodFacts | None) -> bool:
     return pod is None or pod.terminating or pod.phase in ("Succeeded", "Failed")
 
 
-def _evict(w: BudgetWork, f: Fire, d: PodData) -> None:
+def _evict(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep | None = None) -> None:
+    """The Evict decision for ``d`` (``rung``: unused, the table's signature)."""
     if w.evicting(d.pod.uid):
         return  # one Evict per pod per evaluation, whichever violation asks first
     w.start_evicting(d.pod.uid)
-    text = _text(w, f, "Evict")
-    w.emit(Evict, f, d, EventSpec("Warning", EVENT_EVICTING, text, w.event_key(f.rec, "Evict")), reason=text)
+    text = _text(w, f, Action.EVICT)
+    w.emit(Evict, f, d, EventSpec("Warning", EVENT_EVICTING, text, w.event_key(f.rec, Action.EVICT)), reason=text)
 
 
 def _throttle(
@@ -151,7 +164,7 @@ def _throttle(
     recorded = w.recorded_original(pod.uid) or parse_original(pod.annotations.get(ANNOTATION_ORIGINAL_CPU))
     cpu = rung.cpu_limit or w.config.default_throttle_cpu
     plan = plan_throttle(pod, cpu, recorded)
-    key = w.event_key(f.rec, "Throttle")
+    key = w.event_key(f.rec, Action.THROTTLE)
     if reapply and not repost:
         if not plan.resize:
             return
@@ -163,7 +176,7 @@ def _throttle(
     if plan.impossible_reason is None and (plan.resize or not reapply):
         w.throttled_to(resized(pod, plan.resize), plan.original)
     if plan.impossible_reason is None:
-        text = _text(w, f, "Throttle", cpu)
+        text = _text(w, f, Action.THROTTLE, cpu)
         event = EventSpec("Warning", EVENT_THROTTLED, text, key)
     else:
         base = _text(w, f, None)
@@ -203,7 +216,7 @@ def reapply_throttle(w: BudgetWork, rec: ViolationRecord, m: Measure) -> None:
     step. Only while the budget enforces, on fresh data (``m`` known)."""
     if not lad.holds_at_throttle(rec, w.acting):
         return
-    rung = w.ladder_for(rec.key).rung("Throttle")
+    rung = w.ladder_for(rec.key).rung(Action.THROTTLE)
     if rung is None or rung.cpu_limit is None:
         return
     holders = [m.pod] if m.pod is not None else _total_throttle_holders(w, rec)
@@ -211,7 +224,7 @@ def reapply_throttle(w: BudgetWork, rec: ViolationRecord, m: Measure) -> None:
         if w.evicting(d.pod.uid) or w.explained(d.pod.uid, rec.key):
             continue  # being evicted (no point in resizing it), or its step fired now
         own = w.records_on(d.pod.uid).get(rec.key)
-        repost = own is not None and own.step == "Throttle" and not own.events_posted
+        repost = own is not None and own.step == Action.THROTTLE and not own.events_posted
         _throttle(w, Fire(own or rec, m, *next_of(w, rec, m)), d, rung, reapply=True, repost=repost)
 
 
@@ -230,7 +243,7 @@ def repost_pending(w: BudgetWork) -> None:
         for key, rec in recs.items():
             if key.budget != w.ref.name or rec.events_posted or rec.dry_run or w.explained(uid, key):
                 continue
-            if rec.step not in ("Annotate", "Throttle") or rec.opened_at is None:
+            if rec.step not in (Action.ANNOTATE, Action.THROTTLE) or rec.opened_at is None:
                 continue
             _repost(w, rec, pod)
 
@@ -239,18 +252,18 @@ def _repost(w: BudgetWork, rec: ViolationRecord, pod: PodFacts) -> None:
     m = Measure(rec.key, rec.observed_bytes, rec.limit_bytes or 0, None, None, None, None)
     d = w.known_pod_data(pod.uid) or PodData(pod, "Fresh", None, None, (), None)
     f = Fire(rec, m, *next_of(w, rec, None))
-    if rec.step == "Annotate":
+    if rec.step == Action.ANNOTATE:
         w.explaining(pod.uid, rec.key)
-        text = _text(w, f, "Annotate")
-        event = EventSpec("Warning", _annotate_reason(rec.key), text, w.event_key(rec, "Annotate"))
+        text = _text(w, f, Action.ANNOTATE)
+        event = EventSpec("Warning", _annotate_reason(rec.key), text, w.event_key(rec, Action.ANNOTATE))
         w.emit(Annotate, f, d, event, repost=True)
         return
-    rung = w.ladder_for(rec.key).rung("Throttle")
+    rung = w.ladder_for(rec.key).rung(Action.THROTTLE)
     cpu = (rung.cpu_limit if rung else None) or w.config.default_throttle_cpu
     if plan_throttle(w.current_pod(pod), cpu, None).resize:
         return  # not at the target yet: the re-apply on fresh data resizes it, then posts them
     w.explaining(pod.uid, rec.key)
-    event = EventSpec("Warning", EVENT_THROTTLED, _text(w, f, "Throttle", cpu), w.event_key(rec, "Throttle"))
+    event = EventSpec("Warning", EVENT_THROTTLED, _text(w, f, Action.THROTTLE, cpu), w.event_key(rec, Action.THROTTLE))
     w.emit(Throttle, f, d, event, resize=(), original={}, repost=True)
 
 
@@ -317,13 +330,34 @@ def warn(w: BudgetWork, m: Measure, threshold: float) -> None:
 
 def throttle_impossible(w: BudgetWork, rec: ViolationRecord, m: Measure) -> str | None:
     """Why a fired Throttle step could not resize the pod, for the status message."""
-    if rec.step != "Throttle" or m.pod is None or not w.acting:
+    if rec.step != Action.THROTTLE or m.pod is None or not w.acting:
         return None
     pod = m.pod.pod
     if ANNOTATION_ORIGINAL_CPU in pod.annotations or w.has_new_original(pod.uid):
         return None
-    rung = w.ladder.rung("Throttle") or w.leak_ladder.rung("Throttle")
+    rung = w.ladder.rung(Action.THROTTLE) or w.leak_ladder.rung(Action.THROTTLE)
     return plan_throttle(pod, rung.cpu_limit if rung and rung.cpu_limit else "100m", None).impossible_reason
 
 
-# --- memory limits: the Cap step and what a budget wants held -----------------------------
+@dataclass(frozen=True, slots=True)
+class StepFiring:
+    """The engine's half of a ladder step's row: ``on_pod`` builds its decision
+    (``decision``, which the controller's applier carries out) for one target pod
+    of the fired step, enforced; ``reasons``: the Event reasons it may post;
+    ``level_triggered``: asked again at each evaluation until it took effect
+    (recorded only then), not recorded when decided."""
+
+    on_pod: Callable[[BudgetWork, Fire, PodData, lad.LadderStep], None]
+    decision: type[DecisionBase]
+    reasons: tuple[str, ...]
+    level_triggered: bool = False
+
+
+STEP_FIRING: dict[Action, StepFiring] = {
+    Action.ANNOTATE: StepFiring(_annotate, Annotate, (EVENT_LIMIT_EXCEEDED, EVENT_LEAK_DETECTED)),
+    Action.THROTTLE: StepFiring(_throttle, Throttle, (EVENT_THROTTLED, EVENT_THROTTLE_IMPOSSIBLE)),
+    Action.CAP: StepFiring(cap_steps.cap, Cap, (EVENT_CAPPED, EVENT_CAP_IMPOSSIBLE)),
+    Action.EVICT: StepFiring(_evict, Evict, (EVENT_EVICTING,), level_triggered=True),
+}
+"""Every ladder step's firing, keyed by ``vramguard_api.steps.Action`` (a test
+checks that every step has its row)."""

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from vramguard_api.budget import Action, GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_api.steps import Action
 from vramguard_operator.engine.caps import LimitsWant
 from vramguard_operator.engine.inputs import EngineConfig, PodFacts
 from vramguard_operator.engine.keys import BudgetRef, ViolationKey
@@ -225,7 +226,7 @@ class BudgetWork:
 
     def add_throttle_target(self, uid: str, key: ViolationKey) -> None:
         """Note the CPU limit that ``key``'s Throttle set on the pod (a restore may undo it)."""
-        rung = self.ladder_for(key).rung("Throttle")
+        rung = self.ladder_for(key).rung(Action.THROTTLE)
         if rung is not None and rung.cpu_limit is not None:
             self._throttle_targets.setdefault(uid, set()).add(rung.cpu_limit)
 

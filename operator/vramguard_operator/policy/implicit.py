@@ -40,6 +40,7 @@ from typing import Any
 
 from vramguard_api.bounds import clamp_limit_bytes
 from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.steps import Action
 from vramguard_api.units import format_bytes
 from vramguard_operator.engine.selectors import compile_selector
 from vramguard_operator.policy.grants import EffectiveLimit, Grants
@@ -207,7 +208,7 @@ def _synthesized(
         "spec": {
             "selector": {"matchLabels": dict(labels)},
             "limits": spec_limits or {"perDevice": {"fraction": 1.0}},
-            "enforcement": {"mode": mode, "escalation": [{"action": "Annotate", "after": "0s"}]},
+            "enforcement": {"mode": mode, "escalation": [{"action": Action.ANNOTATE, "after": "0s"}]},
         },
     }
     budget = GPUMemoryBudget.model_validate(body)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import cast
 
 from vramguard_api.pressure import PressureAction
+from vramguard_api.steps import Action
 from vramguard_operator.engine.types import PressureRule
 from vramguard_operator.policy.merge import MergedPolicy
 from vramguard_operator.policy.node import NodeFacts
@@ -24,7 +25,7 @@ def namespace_rule(merged: MergedPolicy) -> PressureRule | None:
         return None
     source = fraction if fraction is not None else size
     assert source is not None
-    action = "Evict" if merged.pressure_action is None else merged.pressure_action.value
+    action = Action.EVICT if merged.pressure_action is None else merged.pressure_action.value
     protect = merged.pressure_protect_shares
     return PressureRule(
         min_free_fraction=None if fraction is None else fraction.value,

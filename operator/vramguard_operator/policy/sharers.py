@@ -1,6 +1,10 @@
 """What GPU sharers granted a pod, read from the annotations they write, as
 per-device ``Grants`` (``grants.py``). Each format was read in its project's
-own code; the source is noted at each parser. Pure: pods are JSON-like dicts.
+own code; the source is in each row of :data:`SHARERS`, the one table of the
+sharers: the annotations each reads, which of them alone say the pod uses a GPU,
+and its parser. Grants (``sharer_grants``), admission (``may_use_gpu``) and the
+informer's kept annotations (``grant_annotations``) all derive from it, so a
+new sharer is one row (and its parser). Pure: pods are JSON-like dicts.
 
 =================================================  ===========================
 source                                             unit and device
@@ -25,7 +29,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from decimal import InvalidOperation
 from typing import Any
 
@@ -255,40 +260,99 @@ def kai_grant(labels: Mapping[str, str], each: EffectiveLimit | None, group_devi
     return Grants((Grant(devices=devices),))
 
 
-# --- all of a pod's sharer grants -----------------------------------------------------
+# --- the table of sharers ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What a sharer's parser may read of one pod: its annotations and labels, its
+    node (None: unknown), its GPU request, and KAI's GPU groups' device UUIDs."""
+
+    annotations: Mapping[str, str]
+    labels: Mapping[str, str]
+    node: NodeFacts | None
+    request: PodGPURequest
+    group_devices: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Sharer:
+    """One GPU sharer: ``name`` (the prefix of its grants' source), ``source`` (where
+    its format was read: project and file), ``reads`` (the annotation keys its
+    parser reads) and ``reads_prefix`` (a key prefix it reads: every key under it),
+    ``declares`` (whether an annotation key alone says the pod uses a GPU: an
+    allocation record), and ``grant`` (the parser: the pod's grants and problems)."""
+
+    name: str
+    source: str
+    reads: tuple[str, ...]
+    grant: Callable[[PodView], Grants]
+    declares: Callable[[str], bool] = lambda key: False
+    reads_prefix: str | None = None
+
+
+SHARERS: tuple[Sharer, ...] = (
+    Sharer(
+        "nvfractions",
+        "github.com/run-ai/gpu-sharing-operator sharing-manager annotations (ParseGPUMemoryAnnotations), plugin/adapter.go",
+        reads=(),
+        reads_prefix=NVFRACTIONS_PREFIX,
+        grant=lambda v: nvfractions_grant(v.annotations),
+        declares=lambda key: _NVFRACTIONS_KEY.match(key) is not None,
+    ),
+    Sharer(
+        "hami",
+        "github.com/Project-HAMi/HAMi pkg/device/devices.go (EncodePodSingleDevice), pkg/device/nvidia/device.go",
+        reads=(HAMI_ALLOCATED,),
+        grant=lambda v: hami_grant(v.annotations),
+        declares=lambda key: key == HAMI_ALLOCATED,
+    ),
+    Sharer(
+        "koordinator",
+        "github.com/koordinator-sh/koordinator apis/extension/device_share.go (DeviceAllocations)",
+        reads=(KOORD_ALLOCATED,),
+        grant=lambda v: koordinator_grant(v.annotations, v.node),
+        declares=lambda key: key == KOORD_ALLOCATED,
+    ),
+    Sharer(
+        "kai",
+        "github.com/NVIDIA/KAI-Scheduler pkg/common/constants/constants.go, pkg/common/resources/gpu_sharing.go",
+        # gpu-memory and gpu-fraction make a GPU pod through PodGPURequest, not as a record
+        reads=(KAI_GPU_MEMORY, KAI_GPU_FRACTION, KAI_GPU_FRACTION_DEVICES, KAI_RESERVED_UUID),
+        grant=lambda v: kai_grant(v.labels, kai_limit(v.request, v.node), v.group_devices),
+    ),
+)
+"""Every GPU sharer vramguard reads, in the order their grants combine."""
+
+_READS = frozenset(k for s in SHARERS for k in s.reads)
+_READ_PREFIXES = tuple(s.reads_prefix for s in SHARERS if s.reads_prefix is not None)
 
 
 def sharer_grants(
     pod: Mapping[str, Any], node: NodeFacts | None, group_devices: Mapping[str, str] | None = None
 ) -> Grants:
-    """Every grant the pod's GPU-sharer annotations record (this module's table),
+    """Every grant the pod's GPU-sharer annotations record (:data:`SHARERS`),
     with the problems of those and of its resources and KAI annotations
     (``PodGPURequest.problems``). ``group_devices``: KAI's GPU groups' device
     UUIDs (``kai_group_devices``)."""
     meta = pod.get("metadata") or {}
-    ann, labels = meta.get("annotations") or {}, meta.get("labels") or {}
     req = PodGPURequest.from_api(pod)
-    parts = [
-        nvfractions_grant(ann),
-        hami_grant(ann),
-        koordinator_grant(ann, node),
-        kai_grant(labels, kai_limit(req, node), group_devices or {}),
-        Grants(problems=tuple(PodProblem(EVENT_MALFORMED_ALLOCATION, p) for p in req.problems)),
-    ]
+    view = PodView(meta.get("annotations") or {}, meta.get("labels") or {}, node, req, group_devices or {})
+    parts = [s.grant(view) for s in SHARERS]
+    parts.append(Grants(problems=tuple(PodProblem(EVENT_MALFORMED_ALLOCATION, p) for p in req.problems)))
     return combine(parts)
 
 
 def declares_grant(annotations: Mapping[str, str]) -> bool:
     """Whether a pod carries a sharer's allocation annotation (such a pod uses a
     GPU even when it requests no GPU resource: NVIDIA's fractions, Koordinator)."""
-    return any(k in (HAMI_ALLOCATED, KOORD_ALLOCATED) or _NVFRACTIONS_KEY.match(k) for k in annotations)
+    return any(s.declares(k) for k in annotations for s in SHARERS)
 
 
 def grant_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
-    """The pod annotations grants are read from: KAI's, the sharers' allocation
-    records, NVIDIA's fractions, and a KAI reservation pod's device UUID."""
-    keep = {KAI_GPU_MEMORY, KAI_GPU_FRACTION, KAI_GPU_FRACTION_DEVICES, HAMI_ALLOCATED, KOORD_ALLOCATED, KAI_RESERVED_UUID}
-    return {k: v for k, v in annotations.items() if k in keep or k.startswith(NVFRACTIONS_PREFIX)}
+    """The pod annotations grants are read from (every sharer's ``reads`` and
+    ``reads_prefix``): what the informer keeps of a GPU pod's annotations."""
+    return {k: v for k, v in annotations.items() if k in _READS or k.startswith(_READ_PREFIXES)}
 
 
 def may_use_gpu(pod: Mapping[str, Any]) -> bool:

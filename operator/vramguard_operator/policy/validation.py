@@ -22,13 +22,13 @@ from pydantic import ValidationError
 from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudget, ViolationKind
 from vramguard_api.policy import GPUMemoryPolicy
+from vramguard_api.steps import BLOCKING_STEPS
 from vramguard_api.units import format_bytes
 from vramguard_operator.engine.selectors import Matcher, compile_selector
 from vramguard_operator.policy.ceilings import CeilingCheck, FieldError, check_ceilings
 from vramguard_operator.policy.merge import merge
 
 TOTAL_KINDS: frozenset[ViolationKind] = frozenset({"TotalVRAM", "TotalRAM"})
-BLOCKING_STEPS = frozenset({"Throttle", "Cap", "Evict"})
 
 
 def parse_budget(obj: Mapping[str, Any] | GPUMemoryBudget) -> GPUMemoryBudget | list[FieldError]:

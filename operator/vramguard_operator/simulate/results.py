@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vramguard_api.steps import ACTIONS
 from vramguard_api.units import format_bytes
 
 
@@ -112,7 +113,7 @@ def _rows(off: RunFigures, on: RunFigures) -> list[tuple[str, str, str, str]]:
         ("  for device pressure", "-", str(on.pressure_evictions), ""),
         ("  blocked by a PDB / rate-limited", "-", f"{on.evictions_blocked} / {on.evictions_rate_limited}", ""),
         ("annotate / throttle / cap / evict decisions", "-",
-         " / ".join(str(on.actions.get(a, 0)) for a in ("Annotate", "Throttle", "Cap", "Evict")), ""),
+         " / ".join(str(on.actions.get(a, 0)) for a in ACTIONS), ""),
         ("GPU memory in use (time average)",
          f"{format_bytes(off.gpu_memory_in_use_bytes)} {off.gpu_memory_in_use_fraction:.1%}",
          f"{format_bytes(on.gpu_memory_in_use_bytes)} {on.gpu_memory_in_use_fraction:.1%}",

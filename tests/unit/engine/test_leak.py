@@ -117,7 +117,7 @@ def test_rule_functions():
 
 def test_features_without_an_onset_are_no_leak():
     # growth figures alone (no structural rise found by the agent) never make a leak,
-    # however steep: the decision is vramguard_api.leak.leak_from_trend's
+    # however steep: the decision is vramguard_api.trend.trend_verdict's
     th = LeakThresholds.of(budget(per_pod={"vram": "1Gi"}, leak=LEAK).spec.leak_detection)
     features = {k: v for k, v in trend(5000, window_s=7200).items() if k != "onsetSeconds"}
     assert leak_holds(TrendFeatures.model_validate(features), th) is False

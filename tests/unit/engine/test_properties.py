@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vramguard_api.budget import ACTIONS, GPUMemoryBudget
+from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.steps import ACTIONS
 from vramguard_operator.engine.types import (
     SIDE_EFFECT_DECISIONS,
     EffectivePolicy,

@@ -16,14 +16,13 @@ from vramguard_api.leak import (
     current_segment,
     detect_leak,
     fit_rise,
-    leak_from_trend,
     needed_seconds,
     seconds_to_limit,
     validate_series,
-    verdict_growth,
 )
-from vramguard_api.leak.rise import STEPS_RATIO, staircase_ratio
-from vramguard_api.trend import compute_trend
+from vramguard_api.leak.rise import staircase_ratio
+from vramguard_api.leak.tuning import TUNING
+from vramguard_api.trend import compute_trend, trend_verdict, verdict_growth
 
 MIB, GIB, MINUTE, HOUR = 2**20, 2**30, 60.0, 3600.0
 PROPERTIES = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -400,7 +399,7 @@ def test_stairs_of_many_steps_are_still_a_leak_to_the_slow_path():
     assert found is not None and found <= 45
     ft, fv = analyse(*prefix(t, v, (60 + found) * MINUTE)).floor
     rising = ft >= 60 * MINUTE
-    assert staircase_ratio(ft[rising], fv[rising]) >= STEPS_RATIO
+    assert staircase_ratio(ft[rising], fv[rising]) >= TUNING.steps_ratio
     step_t = np.arange(0.0, 3600.0, 300.0)
     assert staircase_ratio(step_t, np.where(step_t > 1000, 1.0, 0.0) + np.where(step_t > 2500, 1.0, 0.0)) < 0.01
 
@@ -439,7 +438,7 @@ THRESHOLDS = (
 
 
 @pytest.mark.parametrize("name", names(leak=True)[::3] + names(leak=False)[::4])
-def test_leak_from_trend_agrees_with_detect_leak(name):
+def test_trend_verdict_agrees_with_detect_leak(name):
     tr = trace(name)
     for end in np.arange(1800.0, min(tr.t[-1], 4 * HOUR), 10 * MINUTE):
         t, v = tr.prefix(end)
@@ -448,9 +447,9 @@ def test_leak_from_trend_agrees_with_detect_leak(name):
         for growth, window, evidence in THRESHOLDS:
             th = {"min_growth_bytes_per_hour": growth, "min_window_seconds": window, "min_evidence_seconds": evidence}
             direct = detect_leak(t, v, **th)
-            assert leak_from_trend(trend, **th) == direct.leak
+            assert (trend_verdict(trend, **th) is not None) == direct.leak
             if direct.leak:  # the growth the verdict rests on, as the operator shows and projects it
-                assert verdict_growth(trend, **th)[0] == pytest.approx(direct.growth_bytes_per_hour)
+                assert verdict_growth(trend, trend_verdict(trend, **th))[0] == pytest.approx(direct.growth_bytes_per_hour)
         default = detect_leak(t, v)
         assert trend.leak == default.leak
         if trend.onset_seconds is not None:

@@ -1,4 +1,4 @@
-"""The vramguard-agent command: once, fake-host and argument errors (run is covered by e2e)."""
+"""The vramguard-agent command: once (after vramguard-sim fake-host too) and argument errors (run is covered by e2e)."""
 
 from __future__ import annotations
 

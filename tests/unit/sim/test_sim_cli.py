@@ -10,7 +10,8 @@ import pytest
 from vramguard_sim.cli import group, main
 
 
-def parse(argv: list[str], env: dict[str, str]) -> dict[str, object]:
+def parse(argv: list[str]) -> dict[str, object]:
+    """The values ``vramguard-sim ARGV`` reads (seconds, paths)."""
     command = group().commands[argv[0]]
     with command.make_context(f"vramguard-sim {argv[0]}", argv[1:]) as ctx:
         return dict(ctx.params)
@@ -18,10 +19,10 @@ def parse(argv: list[str], env: dict[str, str]) -> dict[str, object]:
 
 def test_fake_host_settings(monkeypatch):
     monkeypatch.setenv("NODE_NAME", "n")
-    fake = parse(["fake-host", "--scenario", "s.yaml", "--out", "o", "--at", "5m"], {})
+    fake = parse(["fake-host", "--scenario", "s.yaml", "--out", "o", "--at", "5m"])
     assert fake == {"scenario": Path("s.yaml"), "node": "n", "out": Path("o"), "at": 300.0, "kubeconfig": None}
     with pytest.raises(click.UsageError):
-        parse(["fake-host", "--out", "o"], {})
+        parse(["fake-host", "--out", "o"])
 
 
 def test_a_missing_scenario_and_an_unknown_command_are_refused(tmp_path, capsys):

@@ -4,7 +4,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
-export PYTHONPATH := $(CURDIR)/api:$(CURDIR)/operator:$(CURDIR)/agent
+# sim/: the simulators, the vramguard-sim distribution (sim/pyproject.toml; not in the product's wheel).
+export PYTHONPATH := $(CURDIR)/api:$(CURDIR)/operator:$(CURDIR)/agent:$(CURDIR)/sim
 
 .PHONY: help venv test test-unit test-e2e fuzz generate verify lint typecheck imports cycles sizes cluster cluster-down demo bench clean
 
@@ -16,10 +17,10 @@ help:
 	@echo "make bench     benchmarks: figures printed and written to bench-results.json"
 	@echo "make fuzz      hostile budgets, policies, reports and annotations: 10,000 inputs per kind"
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml sim/pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' -e ./sim
 	touch $@
 
 venv: $(VENV)/.installed
@@ -55,7 +56,7 @@ verify: venv lint typecheck imports cycles
 	$(PYTHON) hack/sizes.py --check
 
 lint: venv
-	$(BIN)/ruff check api operator agent tests hack
+	$(BIN)/ruff check api operator agent sim tests hack
 
 typecheck: venv
 	$(BIN)/mypy

@@ -1,65 +1,43 @@
-"""The agent's run loop: sample on a fixed interval, export metrics, publish.
+"""The agent's run loop: a step on a fixed interval (read a sample, apply
+memory limits, report), metrics, publishing.
 
-Each tick takes one sample, swaps the metrics snapshot, asks the pure
+Each tick reads one sample (``Sampler.read``: only reads), applies the pods'
+memory limits (``CapEnforcer.reconcile``: the step's only writes to the node),
+builds the report, swaps the metrics snapshot, asks the pure
 ``publish.decide`` whether to write, and writes through the ``Reporter``.
 Nothing raised by a sample or a write ends the loop: errors are logged,
-counted in metrics, and the next tick comes on time.
+counted in metrics, and the next tick comes on time. The GPU backend is found
+by name (``backends``): the agent imports no simulator.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from vramguard_api.ends import acknowledged_id, ends_of
-from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S, HistoryStore
+from vramguard_api.history import HistoryStore
 
+from . import backends
 from .caps import CapEnforcer
+from .config import AgentConfig
 from .gpu import GPUBackend
-from .memory import DEFAULT_REFRESH_S, CgroupMemoryReader
+from .memory import CgroupMemoryReader
 from .metrics import AgentMetrics, Health, Snapshot, serve
 from .nvml_limits import NVMLMemoryLimits
-from .pods import PodIndex, PodMeta, PodWatcher
-from .publish import Digest, PublishPolicy, decide, digest
+from .pods import PodIndex, PodWatcher
+from .publish import Digest, decide, digest
 from .reporter import Reporter
 from .sampler import Sampler, SampleResult
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SAMPLE_INTERVAL_S = 10.0
-DEFAULT_METRICS_ADDRESS = ":9402"
-
-
-@dataclass(slots=True)
-class AgentConfig:
-    """Settings of one agent (the CLI fills them from flags and the environment)."""
-
-    node_name: str
-    backend: Literal["nvml", "sim"] = "nvml"
-    scenario: Path | None = None
-    proc_root: Path | None = None
-    cgroup_root: Path | None = None
-    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
-    policy: PublishPolicy = field(default_factory=PublishPolicy)
-    history_window_s: float = DEFAULT_WINDOW_S
-    history_points: int = DEFAULT_MAX_POINTS
-    trend_interval_s: float = DEFAULT_TREND_INTERVAL_S
-    ram_interval_s: float = DEFAULT_REFRESH_S
-    metrics_address: str | None = DEFAULT_METRICS_ADDRESS
-    kubeconfig: str | None = None
-    sim_offset_s: float = 0.0
-    sim_speed: float = 1.0
-    sim_driver_state: Path | None = None
-    enforce_caps: bool = False
-    pod_uid: str | None = None
-    simgpu_socket: Path | None = None
+__all__ = ["Agent", "AgentConfig", "Components", "build"]  # AgentConfig: config's, named here too
 
 
 @dataclass(slots=True)
@@ -68,10 +46,22 @@ class Components:
 
     sampler: Sampler
     backend: GPUBackend
+    caps: CapEnforcer | None = None
     index: PodIndex | None = None
     watcher: PodWatcher | None = None
     reporter: Reporter | None = None
     cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    def tick(self) -> SampleResult:
+        """The agent's step without publishing: read a sample (reads only), apply the
+        pods' memory limits (``caps``: NVML set/clear, only with enforcement on), and
+        build the report from both."""
+        reading = self.sampler.read()
+        if self.caps is None:
+            return self.sampler.report(reading)
+        memory = self.sampler.memory
+        limits = self.caps.reconcile(reading.gpu, reading.pods, memory.pod_cgroup_path, memory.version == 2)
+        return self.sampler.report(reading, limits, enforce_caps=self.caps.enforce)
 
     def close(self) -> None:
         """Stop the watcher, shut the backend down, remove temporary files."""
@@ -83,8 +73,11 @@ class Components:
 
 
 def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False) -> Components:
-    """Assemble backend and sampler; with ``api_client`` also the pod watcher, and
-    with ``publish`` the reporter that writes the NodeGPUUsage."""
+    """Assemble backend (``cfg.backend``, found by name), memory limits and sampler;
+    with ``api_client`` also the pod watcher, and with ``publish`` the reporter that
+    writes the NodeGPUUsage. Raises ``ValueError`` (one line) for a backend that is
+    not installed or a configuration the backend cannot use."""
+    kind = backends.load(cfg.backend)
     index: PodIndex | None = None
     watcher: PodWatcher | None = None
     reporter: Reporter | None = None
@@ -96,36 +89,27 @@ def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False
         watcher = PodWatcher(core, cfg.node_name, index)
         if publish:
             reporter = Reporter(client.CustomObjectsApi(api_client), cfg.node_name, core_v1=core)
-    cleanup: list[Callable[[], None]] = []
-    backend, proc_root, cgroup_root, pods, names = _backend(cfg, index, cleanup)
-
-    def cache_key() -> object:
-        # The simulated host re-homes pids when it learns pods' uids from the API.
-        return getattr(backend, "identity_version", None)
-
-    # A simulation keeps its history in scenario time (it may run faster than the clock).
-    history_clock = getattr(backend, "now", None) if cfg.backend == "sim" else None
-
+    parts = kind.build(cfg, index.snapshot if index is not None else None)
     caps = CapEnforcer(
-        _memory_limits(backend),
+        NVMLMemoryLimits(parts.nvml),
         enforce=cfg.enforce_caps,
         pods_synced=index.synced.is_set if index is not None else (lambda: True),
         own_pod_uid=cfg.pod_uid,
         own_cgroup=own_cgroup(),
     )
     sampler = Sampler(
-        backend,
-        proc_root=proc_root,
-        memory=CgroupMemoryReader(cgroup_root, refresh_s=cfg.ram_interval_s),
+        parts.gpu,
+        proc_root=parts.proc_root,
+        memory=CgroupMemoryReader(parts.cgroup_root, refresh_s=cfg.ram_interval_s),
         history=HistoryStore(cfg.history_window_s, cfg.history_points, cfg.trend_interval_s),
-        pods=pods,
-        container_names=names,
+        pods=parts.pods,
+        container_names=parts.container_names,
         sample_interval_s=cfg.sample_interval_s,
-        cache_key=cache_key,
-        history_clock=history_clock,
-        caps=caps,
+        cache_key=parts.cache_key,
+        history_clock=parts.history_clock,
+        cgroups_needed=caps.cgroups_needed,
     )
-    return Components(sampler, backend, index, watcher, reporter, cleanup)
+    return Components(sampler, parts.gpu, caps, index, watcher, reporter, parts.cleanup)
 
 
 def own_cgroup(proc_self: Path = Path("/proc/self/cgroup")) -> str | None:
@@ -138,49 +122,6 @@ def own_cgroup(proc_self: Path = Path("/proc/self/cgroup")) -> str | None:
         return None
     paths = [line[3:] for line in lines if line.startswith("0::")]
     return paths[0] if len(lines) == 1 and paths and paths[0].startswith("/") else None
-
-
-def _memory_limits(backend: GPUBackend) -> NVMLMemoryLimits:
-    """Memory-limit calls over the NVML library the backend samples with (the fake's for sim)."""
-    from .nvml import NVMLBackend
-
-    nvml = backend if isinstance(backend, NVMLBackend) else backend.nvml  # type: ignore[attr-defined]
-    return NVMLMemoryLimits(nvml.library)
-
-
-def _backend(
-    cfg: AgentConfig, index: PodIndex | None, cleanup: list[Callable[[], None]]
-) -> tuple[GPUBackend, Path, Path, Callable[[], dict[str, PodMeta]], Callable[[], dict[str, str]]]:
-    proc_root = cfg.proc_root or Path("/proc")
-    cgroup_root = cfg.cgroup_root or Path("/sys/fs/cgroup")
-    api_pods: Callable[[], dict[str, PodMeta]] = index.snapshot if index is not None else dict
-    if cfg.backend == "nvml":
-        from .nvml import NVMLBackend
-
-        if cfg.simgpu_socket is not None:  # the real node's simulated driver, read through the same NVML calls
-            from .drivernvml import DriverNVML
-
-            return NVMLBackend(DriverNVML(cfg.simgpu_socket)), proc_root, cgroup_root, api_pods, dict
-        return NVMLBackend(), proc_root, cgroup_root, api_pods, dict
-    from .scenario import load_scenario
-    from .sim import SimBackend
-
-    if cfg.scenario is None:
-        raise ValueError("backend sim: --scenario is required")
-    node = load_scenario(cfg.scenario).node(cfg.node_name)
-    host_root: Path | None = None
-    if cfg.proc_root is None:
-        # No tree given: the simulation writes its own fake host and removes it at the end.
-        host_root = Path(tempfile.mkdtemp(prefix=f"vramguard-sim-{cfg.node_name}-"))
-        cleanup.append(lambda: shutil.rmtree(host_root, ignore_errors=True))
-        proc_root, cgroup_root = host_root / "proc", cfg.cgroup_root or host_root / "cgroup"
-    sim = SimBackend(
-        node, api_pods=api_pods, host_root=host_root, offset_s=cfg.sim_offset_s, speed=cfg.sim_speed,
-        driver_state=cfg.sim_driver_state,
-    )
-    # Without an API server, the scenario's own names stand in for the API's.
-    pods = api_pods if index is not None else sim.pod_metas
-    return sim, proc_root, cgroup_root, pods, sim.container_names
 
 
 class Agent:
@@ -200,16 +141,17 @@ class Agent:
         self.last_written_at: float | None = None
         self.ends_written = 0  # the newest end record written
         self.ends_restored = False
-        caps = parts.sampler.caps
+        caps = parts.caps
         if caps is not None:
             caps.on_operation = lambda op, result: self.metrics.memory_limit_calls.labels(op, result).inc()
 
     def step(self) -> SampleResult | None:
-        """One tick: sample, update metrics, publish when ``decide`` says so."""
+        """One tick: read a sample, apply memory limits, report (``Components.tick``),
+        update metrics, publish when ``decide`` says so."""
         self.health.tick()
         started = time.perf_counter()
         try:
-            result = self.parts.sampler.sample()
+            result = self.parts.tick()
         except Exception:  # noqa: BLE001 - a bug in one sample must not stop the agent
             log.exception("sample failed")
             self.metrics.samples.labels("error").inc()

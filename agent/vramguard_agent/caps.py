@@ -2,7 +2,8 @@
 
 The operator writes the limits a pod should have in the pod's
 ``vramguard.io/memory-limits`` annotation (``vramguard_api.memlimits``); each
-sample, ``CapEnforcer.reconcile``
+step of the agent, between reading a sample and reporting it
+(``agent.Components.tick``), ``CapEnforcer.reconcile``
 
 1. probes each GPU (``nvml_limits``; at start, for a new device, then every
    ``probe_interval_s``) and records the answer on the sample's devices;
@@ -89,6 +90,12 @@ class CapEnforcer:
     def namespace(self, relative: str) -> str:
         """NVML's nameSpace of a cgroup at ``relative`` under the host's cgroup root."""
         return f"{self.root}/{relative.strip('/')}" if relative.strip("/") else self.root
+
+    def cgroups_needed(self, pods: Mapping[str, PodMeta]) -> list[str]:
+        """Cgroup uids whose cgroup the sampler must read for these limits: the pods
+        with the annotation, and the agent's own (the probe's target)."""
+        annotated = [u for u, m in pods.items() if m.memory_limits is not None and u == (m.config_hash or m.uid)]
+        return [*annotated, *([self.own_pod_uid] if self.own_pod_uid else [])]
 
     def reconcile(
         self,

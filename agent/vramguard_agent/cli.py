@@ -1,9 +1,10 @@
-"""The ``vramguard-agent`` command: run, once, attribute, fake-host, simgpu-driver.
+"""The ``vramguard-agent`` command: run, once, attribute.
 
 A click group; the flags of each subcommand, their environment variables and
 defaults are in ``settings`` (shown in ``--help``), so the DaemonSet
 configures the agent through env: NODE_NAME, VRAMGUARD_BACKEND,
-VRAMGUARD_SAMPLE_INTERVAL, ...
+VRAMGUARD_SAMPLE_INTERVAL, ... The simulators' own commands (``fake-host``,
+``simgpu-driver``) are ``vramguard-sim``'s, in the vramguard-sim distribution.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import click
 
 from vramguard_api.kube import api_client
 
+from . import backends
 from .agent import Agent, AgentConfig, build
 from .cgroups import attribute_pid
 from .settings import PARAMETERS, agent_config, publish_policy
@@ -33,16 +35,14 @@ def _logging(level: str) -> None:
 
 
 def _with_node(cfg: AgentConfig) -> AgentConfig:
-    """``cfg`` with its node: the flag's or ``NODE_NAME``'s, else the only node
-    of a sim scenario. Raises ``click.UsageError`` when there is none."""
+    """``cfg`` with its node: the flag's or ``NODE_NAME``'s, else the backend's
+    default (the only node of a sim scenario). Raises ``click.UsageError`` when
+    there is none, ``ValueError`` for a backend that is not installed."""
     if cfg.node_name:
         return cfg
-    if cfg.backend == "sim" and cfg.scenario:
-        from .scenario import load_scenario
-
-        nodes = load_scenario(cfg.scenario).nodes
-        if len(nodes) == 1:
-            return replace(cfg, node_name=nodes[0].name)
+    node = backends.load(cfg.backend).default_node(cfg)
+    if node:
+        return replace(cfg, node_name=node)
     raise click.UsageError("--node (or NODE_NAME) is required")
 
 
@@ -102,7 +102,7 @@ def cmd_once(**params: Any) -> int:
     try:
         if parts.watcher is not None:
             parts.watcher.list_once()
-        result = parts.sampler.sample()
+        result = parts.tick()  # with --enforce-caps unset (once has no such flag): no limit is applied
     finally:
         parts.close()
     json.dump(result.status.to_api(), sys.stdout, indent=2 if params["pretty"] else None)
@@ -125,86 +125,12 @@ def cmd_attribute(pid: int, proc_root: Any) -> int:
     return 0
 
 
-# --- fake-host ---------------------------------------------------------------
-
-
-def cmd_fake_host(scenario: Any, node: str | None, out: Any, at: float, kubeconfig: str | None) -> int:
-    """Write a simulated node's /proc and cgroup trees under --out."""
-    from .pods import PodIndex, PodWatcher
-    from .scenario import load_scenario
-    from .sim import FakeHost, assign_pids, resolve
-
-    _logging("INFO")
-    loaded = load_scenario(scenario)
-    if not node:
-        if len(loaded.nodes) != 1:
-            raise click.UsageError("--node is required when the scenario has several nodes")
-        node = loaded.nodes[0].name
-    found = loaded.node(node)
-    pods = {}
-    if kubeconfig:
-        from kubernetes import client
-
-        index = PodIndex()
-        PodWatcher(client.CoreV1Api(api_client(kubeconfig)), found.name, index).list_once()
-        pods = index.snapshot()
-    identities = resolve(found, pods)
-    pids = assign_pids(found)
-    host = FakeHost(out, found)
-    host.write(identities, pids, at)
-    owners = {str(pid): _owner(found, p) for pid, p in pids.items()}
-    print(
-        json.dumps(
-            {"procRoot": str(host.proc_root), "cgroupRoot": str(host.cgroup_root), "pids": owners},
-            indent=2,
-        )
-    )
-    return 0
-
-
-def _owner(node: Any, process: Any) -> str:
-    for pod in node.pods:
-        for c in pod.containers:
-            if any(p is process for p in c.processes):
-                return f"{pod.namespace}/{pod.name}/{c.name}"
-    return "host"
-
-
-# --- simgpu-driver ------------------------------------------------------------
-
-
-def cmd_simgpu_driver(socket: Any, node: str, gpus: str, driver_version: str, log_level: str) -> int:
-    """Serve the simulated driver until SIGTERM/SIGINT (docs/real-node.md)."""
-    import yaml
-    from pydantic import TypeAdapter
-
-    from .scenario import SimGPU
-    from .simdriver import SimDriver, serve_in_thread
-
-    _logging(log_level)
-    specs = TypeAdapter(list[SimGPU]).validate_python(yaml.safe_load(gpus))
-    driver = SimDriver(node, specs, driver_version)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    server = serve_in_thread(socket, driver)
-    log.info("simulated driver %s serving %s: %s", driver_version, socket,
-             ", ".join(f"{d.uuid} {n} {d.total_bytes} bytes" for d, n in zip(driver.devices, driver.names, strict=True)))
-    stop.wait()
-    server.shutdown()
-    server.server_close()
-    socket.unlink(missing_ok=True)
-    return 0
-
-
 # --- the group ---------------------------------------------------------------
 
 CALLBACKS: dict[str, Callable[..., int]] = {
     "run": cmd_run,
     "once": cmd_once,
     "attribute": cmd_attribute,
-    "fake-host": cmd_fake_host,
-    "simgpu-driver": cmd_simgpu_driver,
 }
 
 

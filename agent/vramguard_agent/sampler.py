@@ -1,11 +1,14 @@
-"""One sample of the node: GPU backend → pid attribution → RAM → history → report.
+"""One sample of the node: GPU backend → pid attribution → RAM, then history → report.
 
-``Sampler.sample()`` does the I/O (NVML through the backend, ``/proc/<pid>/cgroup``,
-the cgroup filesystem) and hands the figures to the pure functions of
-``report``. Attributions are cached per pid while the pid keeps appearing in
-NVML's lists (a process does not change pods; a pid reused by a new GPU
-process between two samples of the same device is the accepted blind spot),
-so a steady node reads /proc only for new processes.
+``Sampler.read()`` does the I/O, and only reads (NVML through the backend,
+``/proc/<pid>/cgroup``, the cgroup filesystem); ``Sampler.report()`` hands the
+figures, with the memory limits the agent's step applied in between
+(``agent.Components.tick``), to the pure functions of ``report``.
+``Sampler.sample()`` is both without that step: a sample never writes.
+Attributions are cached per pid while the pid keeps appearing in NVML's lists
+(a process does not change pods; a pid reused by a new GPU process between two
+samples of the same device is the accepted blind spot), so a steady node reads
+/proc only for new processes.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,11 +27,11 @@ from vramguard_api.usage import AgentInfo, NodeGPUUsageStatus
 
 from . import __version__
 from .aggregation import Aggregation, aggregate
-from .caps import CapEnforcer
 from .cgroups import Attribution, NotInPod, attribute_pid
 from .ends import EndTracker
 from .gpu import BackendUnavailable, GPUBackend, GPUSample
-from .memory import CgroupMemoryReader
+from .limits_plan import PodLimits
+from .memory import CgroupMemoryReader, PodMemory
 from .metrics import ContainerDeviceUsage
 from .pods import PodMeta
 from .report import DEFAULT_BOUNDS, Bounds, NodeReport, PodInputs, build_report
@@ -53,6 +56,25 @@ class SampleResult:
         return self.report.to_status()
 
 
+@dataclass(slots=True)
+class Reading:
+    """What ``Sampler.read`` read: the sample's times (``now``, wall clock; ``history_s``,
+    the histories' clock, seconds), the GPU sample or the backend's error, its
+    aggregation by pod, the node's pods (cgroup uid → meta), the GPU pods among
+    them, the pods' memory and each GPU process's attribution (host pid →
+    its pod or why none)."""
+
+    now: datetime
+    history_s: float
+    gpu: GPUSample | None
+    error: str | None
+    agg: Aggregation
+    pods: Mapping[str, PodMeta]
+    gpu_pods: list[str]
+    memory: dict[str, PodMemory]
+    attributions: Mapping[int, Attribution | NotInPod]
+
+
 class Sampler:
     """Takes samples of one node.
 
@@ -61,8 +83,9 @@ class Sampler:
     container id → name pairs (the simulated backend's); ``wall_clock`` gives
     Unix seconds for sample times and histories. ``cache_key`` returns a value
     whose change clears the attribution cache (the simulated host can move a pid
-    to another cgroup; a real host cannot). ``caps``, when given, applies and
-    reports pods' memory limits after each GPU sample (``caps.CapEnforcer``).
+    to another cgroup; a real host cannot). ``cgroups_needed(pods)`` names the
+    cgroup uids whose memory and paths the memory limits need read beyond the GPU
+    pods (``caps.CapEnforcer.cgroups_needed``).
     """
 
     def __init__(
@@ -78,7 +101,7 @@ class Sampler:
         wall_clock: Callable[[], float] = time.time,
         cache_key: Callable[[], object] = lambda: None,
         history_clock: Callable[[], float] | None = None,
-        caps: CapEnforcer | None = None,
+        cgroups_needed: Callable[[Mapping[str, PodMeta]], Iterable[str]] = lambda pods: (),
     ) -> None:
         self.backend = backend
         self.proc_root = Path(proc_root)
@@ -92,7 +115,7 @@ class Sampler:
         self.wall_clock = wall_clock
         self.history_clock = history_clock or wall_clock
         self.cache_key = cache_key
-        self.caps = caps
+        self.cgroups_needed = cgroups_needed
         self.ends = EndTracker()  # the ends between samples (ends.py), published with the report
         self._cache_key: object = None
         self._attributions: dict[int, Attribution | NotInPod] = {}
@@ -103,7 +126,11 @@ class Sampler:
         self._last_seen: dict[str, set[str]] = {}
 
     def sample(self) -> SampleResult:
-        """Take one sample and build the node's status."""
+        """One sample and the node's status, without memory limits: reads only."""
+        return self.report(self.read())
+
+    def read(self) -> Reading:
+        """Read the node: GPU devices and processes, their pods, the pods' memory."""
         now = datetime.fromtimestamp(int(self.wall_clock()), tz=UTC)
         history_s = self.history_clock()
         gpu, error = self._gpu()
@@ -115,44 +142,42 @@ class Sampler:
             self._last_seen = {u: pods for u, pods in self._last_seen.items() if u in present}
         pods = self.pods()
         gpu_pods = [uid for uid, meta in pods.items() if meta.gpu and uid == (meta.config_hash or meta.uid)]
-        wanted: dict[str, set[str]] = {uid: set() for uid in [*gpu_pods, *self._limit_pods(pods)]}
+        wanted: dict[str, set[str]] = {uid: set() for uid in [*gpu_pods, *self.cgroups_needed(pods)]}
         for uid, vram in agg.pods.items():
             wanted.setdefault(uid, set()).update(vram.containers)
         memory = self.memory.read(wanted, now=history_s)  # a simulation refreshes RAM in scenario time
-        limits = {}
-        if self.caps is not None:
-            limits = self.caps.reconcile(gpu, pods, self.memory.pod_cgroup_path, self.memory.version == 2)
+        return Reading(now, history_s, gpu, error, agg, pods, gpu_pods, memory, attributions)
+
+    def report(
+        self, reading: Reading, limits: Mapping[str, PodLimits] | None = None, enforce_caps: bool = False
+    ) -> SampleResult:
+        """The node's status from ``reading`` and the pods' memory limits (by cgroup
+        uid, ``caps.CapEnforcer.reconcile``); adds the sample to the histories."""
+        agg, pods, gpu = reading.agg, reading.pods, reading.gpu
         # A GPU pod without a process holds 0 (kept: the leak detector reads zeros as restarts).
         idle = None if agg.listing_failed else 0
-        vram_now = {uid: idle for uid in gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
-        self.history.add(history_s, vram_now)
+        vram_now = {uid: idle for uid in reading.gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
+        self.history.add(reading.history_s, vram_now)
         names = self.container_names()
         inputs = PodInputs(
             pods=pods,
-            memory=memory,
-            trends=self.history.trends(vram_now, history_s),
-            gpu_pods=gpu_pods,
+            memory=reading.memory,
+            trends=self.history.trends(vram_now, reading.history_s),
+            gpu_pods=reading.gpu_pods,
             container_names=names,
-            memory_limits=limits,
+            memory_limits=limits or {},
         )
         agent = AgentInfo(
             version=__version__,
             backend=self.backend.name,
             sampleIntervalSeconds=self.sample_interval_s,
             driverVersion=gpu.driver_version if gpu else None,
-            enforceCaps=self.caps is not None and self.caps.enforce,
+            enforceCaps=enforce_caps,
         )
-        report = build_report(gpu, error, agg, inputs, agent, now, self._conditions, self.bounds)
+        report = build_report(gpu, reading.error, agg, inputs, agent, reading.now, self._conditions, self.bounds)
         self._conditions = report.conditions
-        self.ends.observe(gpu, attributions, report, now)
-        return SampleResult(report, functools.partial(container_devices, agg, pods, names), error)
-
-    def _limit_pods(self, pods: Mapping[str, PodMeta]) -> list[str]:
-        """Cgroup uids whose cgroup the memory limits need: pods with the annotation, the agent's own."""
-        if self.caps is None:
-            return []
-        uids = [uid for uid, m in pods.items() if m.memory_limits is not None and uid == (m.config_hash or m.uid)]
-        return [*uids, *([self.caps.own_pod_uid] if self.caps.own_pod_uid else [])]
+        self.ends.observe(gpu, reading.attributions, report, reading.now)
+        return SampleResult(report, functools.partial(container_devices, agg, pods, names), reading.error)
 
     def _gpu(self) -> tuple[GPUSample | None, str | None]:
         try:

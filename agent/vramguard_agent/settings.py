@@ -1,5 +1,5 @@
-"""The settings of ``vramguard-agent``: every flag of ``run``, ``once``,
-``attribute`` and ``fake-host`` with its environment variable, default and
+"""The settings of ``vramguard-agent``: every flag of ``run``, ``once`` and
+``attribute`` with its environment variable, default and
 help, read by click (``vramguard_api.cliargs``, the same parsers and messages
 as the ``vramguard`` command) into ``AgentConfig`` and ``PublishPolicy``.
 
@@ -20,7 +20,8 @@ import click
 from vramguard_api.cliargs import Duration, Environment, LogLevel, Number, Quantity, WholeNumber, env_option
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S, DEFAULT_WINDOW_S
 
-from .agent import DEFAULT_METRICS_ADDRESS, AgentConfig
+from . import backends
+from .config import DEFAULT_METRICS_ADDRESS, AgentConfig
 from .memory import DEFAULT_REFRESH_S
 from .publish import (
     DEFAULT_DEADBAND_BYTES,
@@ -33,15 +34,27 @@ from .publish import (
 PATH = click.Path(path_type=Path)
 
 
+class BackendName(click.ParamType):
+    """The name of an installed GPU backend (``backends``: an entry point)."""
+
+    name = "backend"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if value not in backends.installed():
+            self.fail(backends.not_installed(str(value)), param, ctx)
+        return str(value)
+
+
 def _sampling_parameters(run: bool) -> list[click.Parameter]:
     """The options ``run`` and ``once`` share (``run``: ``--kubeconfig`` also
     from ``KUBECONFIG``)."""
     env = env_option
     return [
         env("--node", "NODE_NAME", help="node name (env NODE_NAME)"),
-        env("--backend", "VRAMGUARD_BACKEND", "nvml", type=click.Choice(["nvml", "sim"]),
-            help="GPU backend (env VRAMGUARD_BACKEND)"),
-        env("--scenario", "VRAMGUARD_SCENARIO", type=PATH, help="sim scenario file (env VRAMGUARD_SCENARIO)"),
+        env("--backend", "VRAMGUARD_BACKEND", "nvml", type=BackendName(),
+            help="GPU backend: nvml; with vramguard-sim installed also sim (a scenario) and simdriver (the "
+            "local cluster's simulated driver) (env VRAMGUARD_BACKEND; default nvml)"),
+        env("--scenario", "VRAMGUARD_SCENARIO", type=PATH, help="sim: scenario file (env VRAMGUARD_SCENARIO)"),
         env("--proc-root", "VRAMGUARD_PROC_ROOT", type=PATH,
             help="the host's /proc (env VRAMGUARD_PROC_ROOT; default /proc, or the sim's fake tree)"),
         env("--cgroup-root", "VRAMGUARD_CGROUP_ROOT", type=PATH,
@@ -58,7 +71,7 @@ def _sampling_parameters(run: bool) -> list[click.Parameter]:
             help="how often a pod's RAM and OOM kills are re-read from the cgroup files; 0s: every sample "
             "(env VRAMGUARD_RAM_INTERVAL; default 30s)"),
         env("--simgpu-socket", "VRAMGUARD_SIMGPU_SOCKET", type=PATH, empty_is_unset=True,
-            help="backend nvml: read the simulated driver at this socket instead of libnvidia-ml (the local "
+            help="simdriver: the simulated driver's socket, read instead of libnvidia-ml (the local "
             "cluster's real node, docs/real-node.md; env VRAMGUARD_SIMGPU_SOCKET)"),
         env("--sim-offset", "VRAMGUARD_SIM_OFFSET", "0s", type=Duration(),
             help="sim: scenario time at start (env VRAMGUARD_SIM_OFFSET)"),
@@ -117,40 +130,10 @@ def attribute_parameters() -> list[click.Parameter]:
     ]
 
 
-def fake_host_parameters() -> list[click.Parameter]:
-    """The options of ``vramguard-agent fake-host``."""
-    return [
-        click.Option(["--scenario"], type=PATH, required=True, help="sim scenario file"),
-        env_option("--node", "NODE_NAME", help="node name (env NODE_NAME)"),
-        click.Option(["--out"], type=PATH, required=True, help="directory to write proc/ and cgroup/ into"),
-        click.Option(["--at"], default="0s", type=Duration(), help="scenario time of the memory files"),
-        click.Option(["--kubeconfig"], help="resolve pod uids and container ids from this cluster"),
-    ]
-
-
-REAL_NODE_GPUS = "[{model: NVIDIA H100 80GB HBM3, memory: 81559Mi, reserved: 579Mi}]"
-"""The simulated driver's default devices: the real node's labels (hack/cluster/realnode-config.sh)."""
-
-
-def simgpu_driver_parameters() -> list[click.Parameter]:
-    """The options of ``vramguard-agent simgpu-driver``."""
-    return [
-        click.Option(["--socket"], type=PATH, required=True, help="the Unix socket to serve (pods mount it)"),
-        env_option("--node", "NODE_NAME", "real-node-1", help="node name, for the devices' UUIDs (env NODE_NAME)"),
-        click.Option(["--gpus"], default=REAL_NODE_GPUS, show_default=True,
-                     help="the devices, a YAML list of scenario GPUs (model, count, memory, reserved, overhead)"),
-        click.Option(["--driver-version"], default="570.133.20", show_default=True, help="what NVML reports"),
-        env_option("--log-level", "VRAMGUARD_LOG_LEVEL", "INFO", type=LogLevel(),
-                   help="log level (env VRAMGUARD_LOG_LEVEL)"),
-    ]
-
-
 PARAMETERS = {
     "run": (run_parameters, "sample, serve metrics and write this node's NodeGPUUsage"),
     "once": (once_parameters, "take one sample and print the NodeGPUUsage status as JSON"),
     "attribute": (attribute_parameters, "which pod and container a host pid belongs to"),
-    "fake-host": (fake_host_parameters, "write a simulated node's fake /proc and cgroup trees"),
-    "simgpu-driver": (simgpu_driver_parameters, "serve simulated GPUs that real processes use (the real node)"),
 }
 """subcommand -> (its parameters, its help)"""
 

@@ -14,7 +14,7 @@ mode is published as its MIG devices only. The driver is called
 ``gpu.vramguard.test`` and ``mig.vramguard.test`` (dra-deviceclasses.yaml).
 
 UUIDs are those the simulated agent reports: the scenario's ``uuids``, else
-``vramguard_agent.sim.gpu_uuid``/``mig_uuid`` of the node, GPU index and MIG
+``vramguard_sim.simbackend.gpu_uuid``/``mig_uuid`` of the node, GPU index and MIG
 slot. Devices come from an agent scenario (``--scenario``) or from the fake
 nodes' GPU feature discovery labels (``--nodes hack/cluster/gpu-nodes.yaml``;
 MIG devices largest profile first, as the demo scenario lists them).
@@ -37,10 +37,10 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "api"), str(ROOT / "agent")]
+sys.path[:0] = [str(ROOT / "api"), str(ROOT / "agent"), str(ROOT / "sim")]
 
-from vramguard_agent.scenario import Scenario, load_scenario  # noqa: E402
-from vramguard_agent.sim import gpu_uuid, mig_uuid  # noqa: E402
+from vramguard_sim.scenario import Scenario, load_scenario  # noqa: E402
+from vramguard_sim.simbackend import gpu_uuid, mig_uuid  # noqa: E402
 
 DRIVER = "gpu.vramguard.test"
 MIB = 1024 * 1024

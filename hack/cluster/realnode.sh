@@ -91,11 +91,11 @@ wait_for() {  # wait_for SECONDS WHAT COMMAND...
   done
 }
 
-start_simgpu() {  # the simulated GPU driver (vramguard-agent simgpu-driver), from this checkout's venv
+start_simgpu() {  # the simulated GPU driver (vramguard-sim simgpu-driver), from this checkout's venv
   local py=$root/.venv/bin/python
   [[ -x $py ]] || { say "no simulated GPU: $py missing (make venv)"; return 0; }
   mkdir -p "$SIMGPU_DIR" || return 1
-  start simgpu env PYTHONPATH="$root/api:$root/agent" "$py" -m vramguard_agent simgpu-driver \
+  start simgpu env PYTHONPATH="$root/api:$root/agent:$root/sim" "$py" -m vramguard_sim simgpu-driver \
     --socket "$SIMGPU_SOCKET" --node "$REAL_NODE_NAME"
   wait_for 30 "simulated GPU driver" test -S "$SIMGPU_SOCKET" || return 1
   say "simulated GPU driver at $SIMGPU_SOCKET (pods mount $SIMGPU_DIR at /run/simgpu)"

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from vramguard_agent.scenario import Scenario
+from vramguard_sim.scenario import Scenario
 
 _DRIVER_PATH = Path(__file__).resolve().parents[1] / "cluster" / "dra_driver.py"
 

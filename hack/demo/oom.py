@@ -2,7 +2,7 @@
 
 - ``without_vramguard``: the agents' scenario played on the simulated GPUs
   alone — the same devices and driver semantics the agents use
-  (``vramguard_agent.simgpu``: an allocation that does not fit kills its
+  (``vramguard_sim.simgpu``: an allocation that does not fit kills its
   process), no operator, no eviction — for the run's scenario time: the kills
   that happen when nobody acts;
 - ``kills_in_logs``: the kills the agents logged during the run (their
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.sim import assign_pids, device_uuid
-from vramguard_agent.simgpu import SimDevices, SimOOMKill
 from vramguard_api.units import format_bytes, format_seconds
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simbackend import assign_pids, device_uuid
+from vramguard_sim.simgpu import SimDevices, SimOOMKill
 
 # "node N t=Xs: pod NS/NAME container C (pid P) killed by CUDA out of memory on ..." (simgpu.SimOOMKill.message)
 _KILL_LINE = re.compile(r"node (\S+) t=([0-9.e+]+)s: pod ([^/\s]+)/(\S+) container \S+ \(pid \d+\) killed by CUDA out of memory")
@@ -55,7 +55,7 @@ def without_vramguard(agent_scenario: Mapping[str, Any], duration_s: float, step
     time order."""
     scenario = Scenario.model_validate(agent_scenario)
     out: list[Unguarded] = []
-    quiet = logging.getLogger("vramguard.agent.sim")  # the devices log each kill: this run is not the agents'
+    quiet = logging.getLogger("vramguard.sim.simgpu")  # the devices log each kill: this run is not the agents'
     level, quiet.level = quiet.level, logging.ERROR
     try:
         for node in scenario.nodes:

@@ -6,7 +6,7 @@ use), the demo also runs one real workload there, in a namespace of its own
 (``vg-demo-realnode``, so that the scenario's expectations are untouched):
 ``simcuda`` holding 4Gi of the simulated H100, then 8Gi after 30 s, under a
 budget of 6Gi per pod that annotates it and then throttles it to 100m CPU.
-A real agent (``vramguard-agent run --simgpu-socket``, in real time) reads it
+A real agent (``vramguard-agent run --backend simdriver --simgpu-socket``, in real time) reads it
 through NVML and /proc/<pid>/cgroup; the throttle is a real ``pods/resize``
 that the real kubelet applies to the container's cgroup. The summary says
 which parts of the run were real, with what was read back from the kernel.
@@ -138,17 +138,17 @@ class RealNodePart:
                  f"containerd), holding 4Gi of the simulated GPU, 8Gi after {GROWS_AFTER_S} s; budget 6Gi")
 
     def agent_argv(self, kubeconfig: str) -> list[str]:
-        """The real node's agent: the nvml backend over the simulated driver, in real time."""
+        """The real node's agent: backend simdriver (its NVML calls answered by the simulated driver), in real time."""
         return [sys.executable, "-m", "vramguard_agent", "run", "--node", self.s["REAL_NODE_NAME"],
-                "--kubeconfig", kubeconfig, "--simgpu-socket", self.s["SIMGPU_SOCKET"], "--sample-interval", "2s",
-                "--min-report-interval", "1s", "--heartbeat", "10s", "--metrics-address", ""]
+                "--kubeconfig", kubeconfig, "--backend", "simdriver", "--simgpu-socket", self.s["SIMGPU_SOCKET"],
+                "--sample-interval", "2s", "--min-report-interval", "1s", "--heartbeat", "10s", "--metrics-address", ""]
 
     def observe(self) -> None:
         """Read the process's host PID (from the driver's state) and its CPU quota (from the kernel)."""
         if not self.active:
             return
         if self.pid is None:
-            from vramguard_agent.drivernvml import query
+            from vramguard_sim.drivernvml import query
 
             try:
                 procs = query(self.s["SIMGPU_SOCKET"])["devices"][0]["processes"]

@@ -40,7 +40,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-SOURCE_ROOTS = [str(ROOT / d) for d in ("api", "operator", "agent")]
+SOURCE_ROOTS = [str(ROOT / d) for d in ("api", "operator", "agent", "sim")]
 sys.path[:0] = [str(HERE), *SOURCE_ROOTS]
 
 # The runner's parts, next to it in hack/demo/: plan (pure), oom, dra, cluster, children, view.

@@ -32,16 +32,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # the RSS child runs this file as a script
-    sys.path[:0] = [str(ROOT / "api"), str(ROOT / "agent")]
+    sys.path[:0] = [str(ROOT / "api"), str(ROOT / "agent"), str(ROOT / "sim")]
 
-from vramguard_agent.fakenvml import FakeNVML  # noqa: E402
 from vramguard_agent.memory import DEFAULT_REFRESH_S, CgroupMemoryReader  # noqa: E402
 from vramguard_agent.nvml import NVMLBackend  # noqa: E402
 from vramguard_agent.publish import PublishPolicy, decide, digest  # noqa: E402
 from vramguard_agent.sampler import Sampler  # noqa: E402
-from vramguard_agent.scenario import Scenario, SimNode  # noqa: E402
-from vramguard_agent.sim import FakeHost, SimBackend, assign_pids, fake_gpus, resolve  # noqa: E402
 from vramguard_api.history import DEFAULT_TREND_INTERVAL_S, HistoryStore  # noqa: E402
+from vramguard_sim.fakenvml import FakeNVML  # noqa: E402
+from vramguard_sim.scenario import Scenario, SimNode  # noqa: E402
+from vramguard_sim.simbackend import FakeHost, SimBackend, assign_pids, fake_gpus, resolve  # noqa: E402
 
 DEVICES, PODS = 8, 128
 GIB = 1 << 30
@@ -357,13 +357,13 @@ PRINT_RSS = (
 )
 CHILDREN = {
     "run": [__file__, "rss"],
-    "imports": ["-c", f"import vramguard_agent.cli, vramguard_agent.sim, kubernetes.watch; {PRINT_RSS}"],
+    "imports": ["-c", f"import vramguard_agent.cli, vramguard_sim.simbackend, kubernetes.watch; {PRINT_RSS}"],
     "third-party": ["-c", f"import kubernetes.client, numpy, prometheus_client, pydantic, pynvml, yaml; {PRINT_RSS}"],
 }
 
 
 def test_agent_rss(bench):
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}:{ROOT / 'sim'}"}
     rss = {}
     for mode, args in CHILDREN.items():
         out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, check=True, timeout=900)
@@ -408,7 +408,7 @@ def test_writes_per_node(bench):
         for p in pod.containers[0].processes:
             base = p.memory.at(0)
             p.memory = p.memory.parse({"sawtooth": {"low": base, "high": base + 4 * 1024 * 1024, "period": "70s"}})
-    from vramguard_agent.scenario import load_scenario
+    from vramguard_sim.scenario import load_scenario
 
     demo = load_scenario(ROOT / "examples" / "scenarios" / "demo.yaml").node("gpu-h100-ts")
     policy = PublishPolicy()

@@ -173,7 +173,7 @@ class Agent:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent"))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent", "sim"))}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.command, env=env, stdout=out, stderr=subprocess.STDOUT)
 

@@ -321,7 +321,7 @@ class OperatorProcess:
         env = {
             **os.environ,
             "KUBECONFIG": self.kubeconfig,
-            "PYTHONPATH": os.pathsep.join(str(Path(self.root) / p) for p in ("api", "operator", "agent")),
+            "PYTHONPATH": os.pathsep.join(str(Path(self.root) / p) for p in ("api", "operator", "agent", "sim")),
             **self.extra_env,
         }
         with self.log.open("ab") as out:

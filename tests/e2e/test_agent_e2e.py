@@ -280,7 +280,7 @@ def test_agent_reports_the_scenario_for_real_pods(cluster, namespace, fake_node,
     scenario_file.write_text(yaml.safe_dump(scenario(node, namespace)))
     port = free_port()
     log = (tmp_path / "agent.log").open("w")
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}", "KUBECONFIG": cluster.kubeconfig}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}:{ROOT / 'sim'}", "KUBECONFIG": cluster.kubeconfig}
     # The agent starts before the pods exist (as on a node that boots): it must pick
     # their uids and names up from the watch.
     agent = subprocess.Popen(
@@ -345,7 +345,7 @@ def test_agent_reports_the_scenario_for_real_pods(cluster, namespace, fake_node,
 
 
 def start_agent(node: str, scenario_file: Path, port: int, log: Any, cluster, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}", "KUBECONFIG": cluster.kubeconfig}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}:{ROOT / 'sim'}", "KUBECONFIG": cluster.kubeconfig}
     return subprocess.Popen(
         [
             sys.executable, "-m", "vramguard_agent", "run",

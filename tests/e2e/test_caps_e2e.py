@@ -53,7 +53,7 @@ from .operator_harness import (
 SPEED = 2.0  # scenario seconds per second
 GROW_AT_S, OVER_AT_S = 20, 200  # scenario time: 24Gi (over the limit), then 26Gi (over the cap)
 ANNOTATION = "vramguard.io/memory-limits"
-PYTHONPATH = os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent"))
+PYTHONPATH = os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent", "sim"))
 
 
 def agent_scenario(node: str, namespace: str) -> dict[str, Any]:

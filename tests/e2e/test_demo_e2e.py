@@ -73,7 +73,7 @@ def test_demo_short_run_matches_the_scenario_and_leaves_nothing(cluster: Any, tm
     started = time.monotonic()
     run = subprocess.run(
         [sys.executable, str(ROOT / "hack/demo/run.py"), "--short", "--plain", "--summary-json", str(summary_file)],
-        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent"))},
+        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent", "sim"))},
         capture_output=True, text=True, timeout=360,
     )
     took = time.monotonic() - started

@@ -33,7 +33,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from vramguard_agent.scenario import Scenario
+from vramguard_sim.scenario import Scenario
 
 from .operator_harness import ROOT, OperatorProcess, events_about, wait_for
 
@@ -211,7 +211,7 @@ def dra(cluster: Any, api: client.ApiClient, tmp_path_factory: pytest.TempPathFa
         scenario_file = tmp_path_factory.mktemp("dra") / "scenario.yaml"
         scenario_file.write_text(yaml.safe_dump(agent_scenario(node, namespace, setup.claims)))
         log = (scenario_file.parent / "agent.log").open("w")
-        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}", "KUBECONFIG": cluster.kubeconfig}
+        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}:{ROOT / 'sim'}", "KUBECONFIG": cluster.kubeconfig}
         agent = subprocess.Popen(
             [
                 sys.executable, "-m", "vramguard_agent", "run", "--backend", "sim", "--scenario", str(scenario_file),
@@ -355,7 +355,7 @@ def test_dra_vanished_device_is_reported_and_not_acted_on(
 def test_dra_top_shows_the_claims(cluster: Any, dra: Setup, operator: OperatorProcess, api: client.ApiClient) -> None:
     core = client.CoreV1Api(api)
     wait_for(lambda: limits_of(core, dra, "over"), 60, "the limits written")
-    env = {**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent"))}
+    env = {**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent", "sim"))}
     out = subprocess.run(
         [sys.executable, "-m", "vramguard_operator", "top", "-A"], env=env, capture_output=True, text=True, timeout=60
     )

@@ -101,7 +101,7 @@ def vramguard_top(cluster: Any, namespace: str) -> list[dict[str, Any]]:
     out = subprocess.run(
         [sys.executable, "-m", "vramguard_operator", "top", "-n", namespace, "-o", "json",
          "--kubeconfig", cluster.kubeconfig],
-        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent"))},
+        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent", "sim"))},
         capture_output=True, text=True, timeout=60, check=True,
     )
     return list(json.loads(out.stdout)["rows"])
@@ -140,7 +140,7 @@ def test_leaking_pod_annotated_with_projection_and_evicted_before_it_sawtooth_le
              "--node", node, "--kubeconfig", cluster.kubeconfig, "--sim-speed", f"{SPEED:g}",
              "--sample-interval", "500ms", "--min-report-interval", "1s", "--heartbeat", "10s",
              "--metrics-address", ""],
-            env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent"))},
+            env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent", "sim"))},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
 

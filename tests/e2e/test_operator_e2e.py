@@ -431,7 +431,7 @@ def test_op_simulated_agent_feeds_the_operator(kube: Kube, operator: OperatorPro
         [sys.executable, "-m", "vramguard_agent.cli", "run", "--backend", "sim", "--scenario", str(scenario),
          "--node", node, "--kubeconfig", cluster.kubeconfig, "--sample-interval", "1s",
          "--min-report-interval", "1s", "--heartbeat", "5s", "--metrics-address", ""],
-        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent"))},
+        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent", "sim"))},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

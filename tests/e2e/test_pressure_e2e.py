@@ -124,7 +124,7 @@ def run_agent(cluster: Any, node: str, scenario: Path) -> subprocess.Popen[bytes
         [sys.executable, "-m", "vramguard_agent.cli", "run", "--backend", "sim", "--scenario", str(scenario),
          "--node", node, "--kubeconfig", cluster.kubeconfig, "--sample-interval", "1s",
          "--min-report-interval", "1s", "--heartbeat", "5s", "--metrics-address", ""],
-        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent"))},
+        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "operator", "agent", "sim"))},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
 

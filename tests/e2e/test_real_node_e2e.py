@@ -57,7 +57,7 @@ def attribute(pid: int) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "vramguard_agent", "attribute", str(pid)],
         capture_output=True, text=True, check=True, timeout=30,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent"))},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent", "sim"))},
     )
     result: dict[str, Any] = json.loads(out.stdout)
     return result

@@ -7,7 +7,7 @@ the device memory its schedule wants. The facts are read from sources that
 the agent's code does not touch: host PIDs from containerd's task list, the
 driver's own state over its socket (as nvidia-smi reads a real driver), the
 kubelet's summary API, pod status and logs. Against them the tests check the
-agent as a host process (``vramguard-agent once`` with ``--simgpu-socket``:
+agent as a host process (``vramguard-agent once --backend simdriver --simgpu-socket``:
 NVML process list -> /proc/<pid>/cgroup -> pod, the production path).
 """
 
@@ -44,9 +44,9 @@ def agent_once(cluster: Cluster, node: RealNode) -> dict[str, Any]:
     """``vramguard-agent once`` on the host: one sample of the real node through NVML over the driver."""
     out = subprocess.run(
         [sys.executable, "-m", "vramguard_agent", "once", "--node", node.name, "--kubeconfig", cluster.kubeconfig,
-         "--simgpu-socket", str(node.simgpu_socket), "--ram-interval", "0s"],
+         "--backend", "simdriver", "--simgpu-socket", str(node.simgpu_socket), "--ram-interval", "0s"],
         capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent"))},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent", "sim"))},
     )
     assert out.returncode == 0, out.stderr
     status: dict[str, Any] = json.loads(out.stdout)

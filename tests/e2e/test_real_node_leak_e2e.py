@@ -4,7 +4,7 @@ A pod on the real node runs ``simcuda``: 2 GiB held for 10 s (a model
 loaded), then 256 MiB more every second (15 GiB a minute), which would fill
 the simulated H100 (80.4 GiB usable) after about 5 minutes. The agent runs on
 the host as on a GPU node (``vramguard-agent run`` with the nvml backend over
-the simulated driver, ``--simgpu-socket``), the operator as a subprocess; both
+the simulated driver, ``--backend simdriver``), the operator as a subprocess; both
 in real time. The pod's budget limits it to 12Gi and escalates Annotate, then
 Evict after 5 s.
 
@@ -70,10 +70,10 @@ def test_a_leaking_real_process_is_evicted_before_the_simulated_gpu_runs_out(
         t0 = time.monotonic()
         agent = subprocess.Popen(
             [sys.executable, "-m", "vramguard_agent", "run", "--node", gpu_node.name,
-             "--kubeconfig", cluster.kubeconfig, "--simgpu-socket", str(gpu_node.simgpu_socket),
+             "--kubeconfig", cluster.kubeconfig, "--backend", "simdriver", "--simgpu-socket", str(gpu_node.simgpu_socket),
              "--sample-interval", "2s", "--trend-interval", "30s", "--min-report-interval", "2s",
              "--heartbeat", "10s", "--metrics-address", ""],
-            env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent"))},
+            env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent", "sim"))},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         seen: dict[str, Any] = {"min_free": None, "held": 0}

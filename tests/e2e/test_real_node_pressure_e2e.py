@@ -14,7 +14,7 @@ Without the rule, 62Gi + 15Gi leaves 2.1Gi free and chat's later allocation of
 share. With it, the operator evicts finetune (through the real kubelet) as
 soon as the free memory falls under what chat needs to reach its share, and
 chat gets its 19Gi. The agent runs on the host over the simulated driver
-(``--simgpu-socket``), the operator as a subprocess; all in real time. Facts
+(``--backend simdriver --simgpu-socket``), the operator as a subprocess; all in real time. Facts
 come from the driver's own state (over its socket), pod status and Events.
 """
 
@@ -85,9 +85,9 @@ def test_device_pressure_evicts_the_over_share_pod_and_saves_its_real_neighbour(
             gpu_node, "finetune", sizes((14 * GI, 10), *((g * GI, 1) for g in range(17, 62, 3)), (62 * GI, 1))))
         agent = subprocess.Popen(
             [sys.executable, "-m", "vramguard_agent", "run", "--node", gpu_node.name,
-             "--kubeconfig", cluster.kubeconfig, "--simgpu-socket", str(gpu_node.simgpu_socket),
+             "--kubeconfig", cluster.kubeconfig, "--backend", "simdriver", "--simgpu-socket", str(gpu_node.simgpu_socket),
              "--sample-interval", "1s", "--min-report-interval", "1s", "--heartbeat", "5s", "--metrics-address", ""],
-            env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent"))},
+            env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent", "sim"))},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         t0 = time.monotonic()

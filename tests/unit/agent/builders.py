@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramguard_agent.fakenvml import FakeGPU, FakeMigDevice, FakeNVML, FakeProcess
+from vramguard_sim.fakenvml import FakeGPU, FakeMigDevice, FakeNVML, FakeProcess
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

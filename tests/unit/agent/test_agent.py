@@ -13,8 +13,8 @@ from vramguard_agent.gpu import GPUSample
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.reporter import Reporter
 from vramguard_agent.sampler import Sampler
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.sim import SimBackend
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simbackend import SimBackend
 
 from .stubapi import StubAPI, status_body
 
@@ -127,17 +127,17 @@ def test_a_report_the_api_model_refuses_is_counted_and_the_loop_goes_on(stub, tm
     now = [0.0]
     agent = make_agent(stub, tmp_path, "8Gi", now)
     sampler = agent.parts.sampler
-    real = sampler.sample
+    real = sampler.report
 
-    def overlong_uid():
-        result = real()
+    def overlong_uid(*args, **kwargs):
+        result = real(*args, **kwargs)
         result.report.pods[0].uid = "x" * 100  # the API allows 64 characters
         return result
 
-    sampler.sample = overlong_uid  # type: ignore[method-assign]
+    sampler.report = overlong_uid  # type: ignore[method-assign]
     assert agent.step() is not None
     assert agent.metrics.writes.labels("error")._value.get() == 1 and not patches(stub)
-    sampler.sample = real  # type: ignore[method-assign]
+    sampler.report = real  # type: ignore[method-assign]
     now[0] = 10.0
     agent.step()
     assert len(patches(stub)) == 1

@@ -9,13 +9,13 @@ import pynvml
 import pytest
 
 from vramguard_agent.caps import CapEnforcer
-from vramguard_agent.fakenvml import FakeNVML
 from vramguard_agent.limits_plan import Step, decide
 from vramguard_agent.nvml import NVMLBackend
 from vramguard_agent.nvml_limits import HeldLimits, NVMLMemoryLimits
 from vramguard_agent.pods import PodMeta
 from vramguard_api import memlimits as ML
 from vramguard_api.memlimits import DeviceMemoryLimit, format_memory_limits
+from vramguard_sim.fakenvml import FakeNVML
 
 from .builders import GIB, gpu, mig_gpu, nvml
 

@@ -1,5 +1,6 @@
-"""Memory limits end to end in the agent: a sample over the simulated node applies a pod's
-annotation, and the NodeGPUUsage status and the metrics show support and what is held."""
+"""Memory limits end to end in the agent: the agent's step over the simulated node applies a
+pod's annotation (a sample alone never does), and the NodeGPUUsage status and the metrics
+show support and what is held."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from vramguard_agent.agent import Agent, AgentConfig, Components
 from vramguard_agent.caps import CapEnforcer
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.metrics import AgentMetrics, Snapshot
 from vramguard_agent.nvml_limits import NVMLMemoryLimits
 from vramguard_agent.sampler import Sampler
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.sim import SimBackend, gpu_uuid
 from vramguard_api.memlimits import DeviceMemoryLimit, format_memory_limits
 from vramguard_api.usage import NodeGPUUsageStatus
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simbackend import SimBackend, gpu_uuid
 
 from .builders import GIB
 
@@ -39,7 +41,8 @@ NODE = {
 }
 
 
-def make(tmp_path: Path, enforce: bool = True, driver: str = "615.12.03") -> tuple[Sampler, SimBackend]:
+def make(tmp_path: Path, enforce: bool = True, driver: str = "615.12.03") -> tuple[Components, SimBackend]:
+    """The agent's parts over the simulated node, ``capped`` annotated with limits."""
     node = Scenario.model_validate({"nodes": [{**NODE, "driverVersion": driver}]}).node("n1")
     backend = SimBackend(node, host_root=tmp_path, clock=lambda: 0.0)
     want = format_memory_limits({gpu_uuid("n1", 0): DeviceMemoryLimit(soft_limit=GIB, hard_limit=6 * GIB)})
@@ -54,14 +57,24 @@ def make(tmp_path: Path, enforce: bool = True, driver: str = "615.12.03") -> tup
         memory=CgroupMemoryReader(tmp_path / "cgroup"),
         pods=pods,
         container_names=backend.container_names,
-        caps=caps,
+        cgroups_needed=caps.cgroups_needed,
     )
-    return sampler, backend
+    return Components(sampler, backend, caps), backend
+
+
+def test_a_sample_never_writes_the_agents_step_does(tmp_path):
+    parts, backend = make(tmp_path)
+    status = parts.sampler.sample().status
+    assert backend.fake.calls.get("nvmlDeviceSetMemoryLimits_v1", 0) == 0 and backend.fake.memory_limits == {}
+    assert {p.name: p for p in status.pods}["capped"].memory_limits is None  # no limits stage, nothing reported
+    status = parts.tick().status
+    assert backend.fake.calls["nvmlDeviceSetMemoryLimits_v1"] == 1 and backend.fake.memory_limits
+    assert {p.name: p for p in status.pods}["capped"].memory_limits[0].state == "Applied"
 
 
 def test_status_reports_support_and_the_applied_limits(tmp_path):
-    sampler, backend = make(tmp_path)
-    result = sampler.sample()
+    parts, backend = make(tmp_path)
+    result = parts.tick()
     status = NodeGPUUsageStatus.model_validate(result.status.to_api())
     (device,) = status.devices
     assert (device.memory_limits, device.memory_limits_reason) == ("Supported", "ProbeSucceeded")
@@ -81,8 +94,8 @@ def test_status_reports_support_and_the_applied_limits(tmp_path):
 
 
 def test_the_plain_report_and_the_api_model_agree(tmp_path):
-    sampler, _ = make(tmp_path)
-    result = sampler.sample()
+    parts, _ = make(tmp_path)
+    result = parts.tick()
     plain = {p.name: p for p in result.report.pods}["capped"].memory_limits[0]
     api = {p.name: p for p in result.status.pods}["capped"].memory_limits[0]
     for name in ("uuid", "state", "reason", "hard_limit_bytes", "soft_limit_bytes", "current_used_bytes"):
@@ -90,8 +103,8 @@ def test_the_plain_report_and_the_api_model_agree(tmp_path):
 
 
 def test_old_driver_reports_unsupported_and_the_pod_entry_says_so(tmp_path):
-    sampler, backend = make(tmp_path, driver="550.90.07")
-    status = sampler.sample().status
+    parts, backend = make(tmp_path, driver="550.90.07")
+    status = parts.tick().status
     (device,) = status.devices
     assert (device.memory_limits, device.memory_limits_reason) == ("Unsupported", "DriverTooOld")
     assert "550.90.07" in (device.memory_limits_message or "")
@@ -101,8 +114,8 @@ def test_old_driver_reports_unsupported_and_the_pod_entry_says_so(tmp_path):
 
 
 def test_metrics_export_support_and_held_limits(tmp_path):
-    sampler, _ = make(tmp_path)
-    result = sampler.sample()
+    parts, _ = make(tmp_path)
+    result = parts.tick()
     metrics = AgentMetrics("n1")
     metrics.update(Snapshot("n1", result.report, result.container_devices))
     families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
@@ -115,8 +128,8 @@ def test_metrics_export_support_and_held_limits(tmp_path):
 
 
 def test_enforcement_off_reports_disabled_and_sets_nothing(tmp_path):
-    sampler, backend = make(tmp_path, enforce=False)
-    status = sampler.sample().status
+    parts, backend = make(tmp_path, enforce=False)
+    status = parts.tick().status
     (limit,) = {p.name: p for p in status.pods}["capped"].memory_limits
     assert (limit.state, limit.reason) == ("Disabled", "EnforcementDisabled")
     assert status.devices[0].memory_limits == "Supported" and status.agent.enforce_caps is False
@@ -124,10 +137,8 @@ def test_enforcement_off_reports_disabled_and_sets_nothing(tmp_path):
 
 
 def test_the_agent_counts_memory_limit_calls(tmp_path):
-    from vramguard_agent.agent import Agent, AgentConfig, Components
-
-    sampler, backend = make(tmp_path)
-    agent = Agent(AgentConfig(node_name="n1", backend="sim", metrics_address=None), Components(sampler, backend))
+    parts, _ = make(tmp_path)
+    agent = Agent(AgentConfig(node_name="n1", backend="sim", metrics_address=None), parts)
     agent.step()
     families = {f.name: f for f in text_string_to_metric_families(agent.metrics.exposition().decode())}
     calls = {
@@ -142,12 +153,12 @@ def test_a_change_of_limits_is_a_change_of_the_reports_shape(tmp_path):
     """The operator waits on the applied state: it is written at once, not at the next heartbeat."""
     from vramguard_agent.publish import PublishPolicy, decide, digest
 
-    sampler, backend = make(tmp_path, enforce=False)
-    first = sampler.sample()
-    sampler.caps.enforce = True  # type: ignore[union-attr]
-    second = sampler.sample()
+    parts, _ = make(tmp_path, enforce=False)
+    first = parts.tick()
+    parts.caps.enforce = True  # type: ignore[union-attr]
+    second = parts.tick()
     policy = PublishPolicy()
     decision = decide(digest(first.report), 0.0, digest(second.report), policy.min_interval_s, policy)
     assert decision.write
     assert digest(second.report).shape != digest(first.report).shape
-    assert digest(sampler.sample().report).shape == digest(second.report).shape  # steady: no write
+    assert digest(parts.tick().report).shape == digest(second.report).shape  # steady: no write

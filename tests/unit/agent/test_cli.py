@@ -1,4 +1,4 @@
-"""The vramguard-agent command: once, fake-host and argument errors (run is covered by e2e)."""
+"""The vramguard-agent command: once (after vramguard-sim fake-host too) and argument errors (run is covered by e2e)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,10 @@ def _config(args: SimpleNamespace) -> AgentConfig:
     return agent_config(vars(args))
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}", "PATH": "/usr/bin:/bin"}
-    return subprocess.run(
-        [sys.executable, "-m", "vramguard_agent", *args], capture_output=True, text=True, env=env, timeout=120
-    )
+def run_cli(*args: str, module: str = "vramguard_agent") -> subprocess.CompletedProcess[str]:
+    """``vramguard-agent ARGS`` (``module="vramguard_sim"``: ``vramguard-sim ARGS``) in a subprocess."""
+    env = {"PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'agent'}:{ROOT / 'sim'}", "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +58,8 @@ def test_once_at_a_fault_time_reports_it(capsys):
 
 
 def test_fake_host_then_once_with_proc_root_in_a_subprocess(tmp_path):
-    out = run_cli("fake-host", "--scenario", str(DEMO), "--node", "gpu-a100-mig", "--out", str(tmp_path))
+    out = run_cli("fake-host", "--scenario", str(DEMO), "--node", "gpu-a100-mig", "--out", str(tmp_path),
+                  module="vramguard_sim")
     assert out.returncode == 0, out.stderr
     written = json.loads(out.stdout)
     assert sorted(written["pids"].values()) == [
@@ -215,7 +215,7 @@ def test_enforce_caps_flag_and_environment(monkeypatch):
     assert cfg.enforce_caps is False and cfg.pod_uid == "0000-agent"  # once never applies limits
     parts = build(cfg)
     try:
-        caps = parts.sampler.caps
+        caps = parts.caps
         assert caps is not None and caps.enforce is False and caps.own_pod_uid == "0000-agent"
     finally:
         parts.close()

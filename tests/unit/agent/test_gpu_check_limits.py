@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard_agent.fakenvml import FakeNVML
+from vramguard_sim.fakenvml import FakeNVML
 
 from .builders import gpu, nvml
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from vramguard_agent.fakenvml import FakeProcess
 from vramguard_agent.gpu import BackendUnavailable
 from vramguard_agent.nvml import NVMLBackend, mig_profile_from_name
+from vramguard_sim.fakenvml import FakeProcess
 
 from .builders import GIB, MIB, gpu, mig_gpu, nvml
 

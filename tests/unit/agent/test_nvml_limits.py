@@ -7,10 +7,10 @@ from typing import Any
 import pynvml
 import pytest
 
-from vramguard_agent.fakenvml import FakeNVML
 from vramguard_agent.nvml import NVMLBackend
 from vramguard_agent.nvml_limits import REQUIRED, HeldLimits, LimitsError, NVMLMemoryLimits, driver_major
 from vramguard_api import memlimits as ML
+from vramguard_sim.fakenvml import FakeNVML
 
 from .builders import GIB, gpu, mig_gpu, nvml
 

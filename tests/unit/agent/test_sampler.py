@@ -11,10 +11,10 @@ from vramguard_agent import sampler as sampler_module
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.publish import digest
 from vramguard_agent.sampler import Sampler
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.sim import FIRST_PID, SimBackend
 from vramguard_api.history import HistoryStore
 from vramguard_api.usage import NodeGPUUsageStatus
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simbackend import FIRST_PID, SimBackend
 
 from .builders import GIB, MIB
 

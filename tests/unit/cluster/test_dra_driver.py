@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.sim import fake_gpus
 from vramguard_operator.policy.dra import device_index
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simbackend import fake_gpus
 
 ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("dra_driver", ROOT / "hack" / "cluster" / "dra_driver.py")

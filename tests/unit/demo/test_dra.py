@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.sim import device_uuid
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simbackend import device_uuid
 
 ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("demo_dra", ROOT / "hack" / "demo" / "dra.py")

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.simgpu import SimOOMKill
 from vramguard_api.gpumem import OOMKill
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simgpu import SimOOMKill
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = ROOT / "hack" / "demo" / "scenario.yaml"

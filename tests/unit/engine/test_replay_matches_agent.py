@@ -17,8 +17,6 @@ from typing import Any
 from vramguard_agent.agent import AgentConfig
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.sampler import Sampler
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.sim import SimBackend
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.history import HistoryStore
 from vramguard_api.usage import NodeGPUUsage, NodeGPUUsageStatus
@@ -26,6 +24,8 @@ from vramguard_operator.cli.replay import ReplayEvent, parse_usage, replay
 from vramguard_operator.cli.replay_run import EPOCH, NODE, apply_output, labels_for, pod_uid, replay_steps
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import ContainerFacts, EffectivePolicy, EngineInput, PodFacts
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simbackend import SimBackend
 
 NAMESPACE = "serve"
 SAMPLE_S = 30  # the agent's interval is a setting; 30 s keeps the test short

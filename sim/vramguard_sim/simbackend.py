@@ -33,10 +33,11 @@ from typing import Literal
 
 from pynvml import NVML_ERROR_DRIVER_NOT_LOADED
 
+from vramguard_agent.gpu import GPUSample
+from vramguard_agent.nvml import NVMLBackend
+from vramguard_agent.pods import PodMeta
+
 from .fakenvml import FakeGPU, FakeMigDevice, FakeNVML, FakeProcess
-from .gpu import GPUSample
-from .nvml import NVMLBackend
-from .pods import PodMeta
 from .scenario import VIRTUALIZATION, SimContainer, SimNode, SimPod, SimProcess
 from .simcgroups import (
     DriverState,
@@ -287,7 +288,7 @@ class SimBackend:
 
     ``api_pods`` returns the pods the agent knows from the API (uid → meta);
     ``host_root`` is where the fake host is written (None: write nothing, the
-    caller supplies a tree made by ``vramguard-agent fake-host``); the simulation
+    caller supplies a tree made by ``vramguard-sim fake-host``); the simulation
     time is ``offset_s`` plus ``speed`` times the seconds of ``clock`` since
     construction (``speed`` > 1 plays the scenario faster than the clock, so that
     a demo shows an hour of leak in a minute). Raises ``ValueError`` for a speed

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from vramguard_agent.scenario import Profile, Scenario, load_scenario
-
-from .builders import GIB, MIB
+from tests.unit.agent.builders import GIB, MIB
+from vramguard_sim.scenario import Profile, Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from vramguard_agent.fakenvml import NO_INSTANCE, FakeNVML, FakeProcess
-
-from .builders import GIB, MIB, gpu, mig_gpu, nvml
+from tests.unit.agent.builders import GIB, MIB, gpu, mig_gpu, nvml
+from vramguard_sim.fakenvml import NO_INSTANCE, FakeNVML, FakeProcess
 
 
 @pytest.fixture

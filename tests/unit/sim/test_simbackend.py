@@ -6,14 +6,13 @@ import hashlib
 
 import pytest
 
+from tests.unit.agent.builders import GIB, MIB
 from vramguard_agent.cgroups import Attribution, attribute_pid
 from vramguard_agent.gpu import BackendUnavailable
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.pods import PodMeta
-from vramguard_agent.scenario import Profile, Scenario
-from vramguard_agent.sim import FIRST_PID, FakeHost, SimBackend, assign_pids, resolve
-
-from .builders import GIB, MIB
+from vramguard_sim.scenario import Profile, Scenario
+from vramguard_sim.simbackend import FIRST_PID, FakeHost, SimBackend, assign_pids, resolve
 
 
 def scenario(cgroup=None, faults=(), mig=False, **pod_extra):

@@ -7,9 +7,8 @@ import inspect
 import pynvml
 import pytest
 
-from vramguard_agent.fakenvml import FakeNVML, FakeProcess
-
-from .builders import GIB, gpu, mig_gpu, nvml
+from tests.unit.agent.builders import GIB, gpu, mig_gpu, nvml
+from vramguard_sim.fakenvml import FakeNVML, FakeProcess
 
 NS = "/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice"
 MAX = pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX

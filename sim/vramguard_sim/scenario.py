@@ -364,6 +364,10 @@ class Scenario(_Model):
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Load and validate a scenario YAML file; raises ``ValueError`` with the field path."""
-    text = Path(path).read_text()
+    """Load and validate a scenario YAML file; raises ``ValueError`` with the field path,
+    or naming the file when it cannot be read."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ValueError(f"scenario {path}: cannot read it: {err.strerror or err}") from None
     return Scenario.model_validate(yaml.safe_load(text))

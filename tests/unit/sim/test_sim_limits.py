@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
+from tests.unit.agent.builders import GIB
+from vramguard_agent.agent import Components
 from vramguard_agent.caps import CapEnforcer
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.nvml_limits import NVMLMemoryLimits
 from vramguard_agent.sampler import Sampler
-from vramguard_agent.scenario import Scenario
-from vramguard_agent.sim import FIRST_PID, SimBackend, gpu_uuid
-from vramguard_agent.simcgroups import DriverState
 from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
 from vramguard_api.memlimits import DeviceMemoryLimit, format_memory_limits
 from vramguard_api.usage import NodeGPUUsageStatus
-
-from .builders import GIB
+from vramguard_sim.scenario import Scenario
+from vramguard_sim.simbackend import FIRST_PID, SimBackend, gpu_uuid
+from vramguard_sim.simcgroups import DriverState
 
 UUID = gpu_uuid("n1", 0)
 
@@ -42,7 +42,7 @@ def node(grower: Any, neighbour: Any, memory: str = "81559Mi") -> Any:
 
 
 class Agent:
-    """A sampler with the memory-limit enforcer over a simulated node whose pods carry
+    """The agent's parts (sampler, memory-limit enforcer) over a simulated node whose pods carry
     the given annotations (``wants``: pod name -> limits), at the time in ``now``."""
 
     def __init__(self, tmp_path: Path, sim_node: Any, wants: dict[str, DeviceMemoryLimit], state: Path | None = None):
@@ -52,10 +52,11 @@ class Agent:
         self.wants = wants
         caps = CapEnforcer(NVMLMemoryLimits(self.backend.nvml.library), enforce=True,
                            on_operation=lambda op, result: self.calls.append((op, result)))
-        self.sampler = Sampler(
+        sampler = Sampler(
             self.backend, proc_root=tmp_path / "host" / "proc", memory=CgroupMemoryReader(tmp_path / "host" / "cgroup"),
-            pods=self._pods, container_names=self.backend.container_names, caps=caps,
+            pods=self._pods, container_names=self.backend.container_names, cgroups_needed=caps.cgroups_needed,
         )  # fmt: skip
+        self.parts = Components(sampler, self.backend, caps)
 
     def _pods(self) -> dict[str, Any]:
         return {
@@ -64,9 +65,9 @@ class Agent:
         }
 
     def at(self, t: float) -> dict[str, Any]:
-        """Sample at scenario time ``t``: pod name -> its report entry."""
+        """The agent's step at scenario time ``t``: pod name -> its report entry."""
         self.now[0] = t
-        status = NodeGPUUsageStatus.model_validate(self.sampler.sample().status.to_api())
+        status = NodeGPUUsageStatus.model_validate(self.parts.tick().status.to_api())
         return {p.name: p for p in status.pods}
 
     def sets(self) -> int:
@@ -79,7 +80,7 @@ def steps(*values: tuple[str, str]) -> dict[str, Any]:
 
 def test_an_allocation_above_the_hard_limit_fails_in_that_pod_only(tmp_path):
     agent = Agent(tmp_path, node(steps(("0s", "4Gi"), ("1m", "8Gi")), "20Gi"), {"grower": DeviceMemoryLimit(0, 6 * GIB)})
-    pods = agent.at(0)  # the limit is set during this sample ...
+    pods = agent.at(0)  # the limit is set during this step ...
     (limit,) = pods["grower"].memory_limits
     assert (limit.state, limit.hard_limit_bytes, limit.current_used_bytes) == ("Applied", 6 * GIB, 4 * GIB)
     pods = agent.at(60)  # ... and enforced when the pod asks for 8Gi: 72Gi are free, the limit says no

@@ -45,7 +45,7 @@ from vramguard_api.units import format_bytes
 
 from .scenario import SimNode, SimPod, SimProcess
 
-log = logging.getLogger("vramguard.agent.sim")
+log = logging.getLogger("vramguard.sim.simgpu")
 
 
 @dataclass(frozen=True, slots=True)

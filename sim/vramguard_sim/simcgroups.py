@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vramguard_agent.caps import NVML_CGROUP_ROOT
 from vramguard_api.memlimits import NVML_DEVICE_MEMORY_LIMIT_MAX
 
-from .caps import NVML_CGROUP_ROOT
 from .scenario import SimCgroup, SimNode, SimProcess
 from .simgpu import owner_of
 
@@ -63,7 +63,7 @@ def cgroup_namespaces(
 ) -> tuple[dict[str, str], dict[int, str]]:
     """The nameSpace of each pod cgroup -> the pod's owner on the devices, and
     each process's container cgroup nameSpace by pid (``identities``:
-    ``sim.PodIdentity`` by (namespace, name))."""
+    ``simbackend.PodIdentity`` by (namespace, name))."""
     cgroup = node.cgroup
     pods: dict[str, str] = {}
     by_pid: dict[int, str] = {}

@@ -45,14 +45,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from vramguard_agent.cgroups import attribute_pid
 from vramguard_api.gpumem import Device, OOMKill
 from vramguard_api.units import format_bytes
 
-from .cgroups import attribute_pid
 from .scenario import SimGPU
-from .sim import gpu_uuid
+from .simbackend import gpu_uuid
 
-log = logging.getLogger("vramguard.agent.simdriver")
+log = logging.getLogger("vramguard.sim.simdriver")
 
 DEFAULT_DRIVER_VERSION = "570.133.20"  # the real node's nvidia.com/cuda.driver-version label
 MAX_REQUEST_BYTES = 4096
@@ -67,7 +67,7 @@ class SimDriver:
     """The node's simulated devices and the contexts on them; thread-safe.
 
     ``gpus`` are scenario GPU specs (``count`` of each; MIG is not simulated
-    here and raises ``ValueError``); UUIDs are ``sim.gpu_uuid(node, index)``
+    here and raises ``ValueError``); UUIDs are ``simbackend.gpu_uuid(node, index)``
     unless the spec names them.
     """
 

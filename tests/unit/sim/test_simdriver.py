@@ -19,11 +19,11 @@ from typing import Any
 import pynvml
 import pytest
 
-from vramguard_agent.drivernvml import DriverNVML
 from vramguard_agent.gpu import BackendUnavailable
 from vramguard_agent.nvml import NVMLBackend
-from vramguard_agent.scenario import SimGPU
-from vramguard_agent.simdriver import SimDriver, serve_in_thread
+from vramguard_sim.drivernvml import DriverNVML
+from vramguard_sim.scenario import SimGPU
+from vramguard_sim.simdriver import SimDriver, serve_in_thread
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -241,7 +241,7 @@ def test_the_agent_samples_the_driver_with_simgpu_socket(driver, children, capsy
     children.append(a)
     a.call(op="open", device=1)
     a.call(op="resize", bytes=3 * MIB)
-    assert main(["once", "--node", "real-node-1", "--simgpu-socket", str(path)]) == 0
+    assert main(["once", "--node", "real-node-1", "--backend", "simdriver", "--simgpu-socket", str(path)]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["agent"]["driverVersion"] == "570.133.20"
     # This test's processes are in no pod: the agent says so, with the PID the driver saw.
@@ -251,7 +251,7 @@ def test_the_agent_samples_the_driver_with_simgpu_socket(driver, children, capsy
 def test_the_driver_command_serves_until_sigterm_and_removes_its_socket(tmp_path):
     path = tmp_path / "d.sock"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-m", "vramguard_agent", "simgpu-driver", "--socket", str(path),
+    proc = subprocess.Popen([sys.executable, "-m", "vramguard_sim", "simgpu-driver", "--socket", str(path),
                              "--gpus", "[{model: NVIDIA L4, count: 3, memory: 23034Mi}]"], env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -267,7 +267,7 @@ def test_the_driver_command_serves_until_sigterm_and_removes_its_socket(tmp_path
 
 
 def test_the_driver_command_refuses_bad_devices_naming_the_field(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "vramguard_agent", "simgpu-driver", "--socket", str(tmp_path / "s"),
+    out = subprocess.run([sys.executable, "-m", "vramguard_sim", "simgpu-driver", "--socket", str(tmp_path / "s"),
                           "--gpus", "[{model: X, memory: lots}]"], capture_output=True, text=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
     assert out.returncode == 2

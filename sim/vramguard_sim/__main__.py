@@ -1,0 +1,7 @@
+"""``python -m vramguard_sim`` runs the ``vramguard-sim`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

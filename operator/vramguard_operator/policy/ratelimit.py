@@ -86,8 +86,9 @@ class EvictionLimiter:
     ``WAITER_TTL_S``). So while another namespace waits, a namespace that
     was served more recently is refused (``"rate_limited"``) even with a
     token in the bucket: one namespace's own evictions delay another's due
-    eviction by at most one token interval (docs/policy.md, "Eviction rate
-    limits").
+    eviction by at most one token interval (docs/operator.md, "Fair between
+    namespaces"). When it was served is one order over every scope, so no two
+    namespaces can each wait for the other (in two scopes).
     """
 
     DEFAULT_SCOPE = ""
@@ -111,8 +112,10 @@ class EvictionLimiter:
             self.DEFAULT_SCOPE: TokenBucket(default.per_minute, default.burst, clock())
         }
         self.retry_at: dict[str, float] = {}
-        # per scope: namespace -> when it last took a token; waiting pod uid -> (namespace, last asked)
-        self.served: dict[str, dict[str, float]] = {}
+        # namespace -> when it last took a token (one order over all scopes, so
+        # that two namespaces never wait for each other in two scopes); per
+        # scope, waiting pod uid -> (namespace, when it last asked)
+        self.served: dict[str, float] = {}
         self.waiting: dict[str, dict[str, tuple[str, float]]] = {}
 
     def _scaled(self, lim: EvictionRateLimit) -> tuple[float, float]:
@@ -124,7 +127,6 @@ class EvictionLimiter:
         self.limits = dict(limits)
         for name in [n for n in self.buckets if n != self.DEFAULT_SCOPE and n not in limits]:
             del self.buckets[name]
-            self.served.pop(name, None)
             self.waiting.pop(name, None)
         for name, lim in [(self.DEFAULT_SCOPE, self.default), *limits.items()]:
             rate, burst = self._scaled(lim)
@@ -165,9 +167,8 @@ class EvictionLimiter:
         waiting = self.waiting.get(scope, {})
         for uid in [u for u, (_, seen) in waiting.items() if now - seen > self.WAITER_TTL_S]:
             del waiting[uid]
-        served = self.served.get(scope, {})
-        mine = served.get(namespace, -math.inf)
-        return any(ns != namespace and served.get(ns, -math.inf) < mine for ns, _ in waiting.values())
+        mine = self.served.get(namespace, -math.inf)
+        return any(ns != namespace and self.served.get(ns, -math.inf) < mine for ns, _ in waiting.values())
 
     def taken(self, uid: str, scopes: Sequence[str], namespace: str = "") -> None:
         """Take a token from every scope for an eviction about to be sent (by
@@ -176,8 +177,8 @@ class EvictionLimiter:
         for s in scopes:
             k = self._scope(s)
             self.buckets[k].take(now)
-            self.served.setdefault(k, {})[namespace] = now
             self.waiting.get(k, {}).pop(uid, None)
+        self.served[namespace] = now
         self.retry_at.pop(uid, None)
 
     def refund(self, scopes: Sequence[str]) -> None:

@@ -166,3 +166,23 @@ def test_a_waiter_that_stops_asking_holds_no_token_for_long():
     assert lim.check("uid-a1", [""], "a") is None
     lim.forget([])  # gone pods are no waiters either
     assert not lim.waiting[""]
+
+
+def test_two_namespaces_never_wait_for_each_other_in_two_scopes():
+    # a and b share two policies' buckets; whoever was served longer ago goes first in both
+    clock = Clock()
+    lim = EvictionLimiter(EvictionRateLimit(perMinute=60, burst=1), retry_seconds=60, clock=clock)
+    lim.configure({"p": EvictionRateLimit(perMinute=60, burst=1), "q": EvictionRateLimit(perMinute=60, burst=1)})
+    lim.taken("a0", ["p"], "a")
+    clock.t += 1
+    lim.taken("b0", ["q"], "b")
+    clock.t += 1
+    got = []
+    for i in range(6):
+        clock.t += 1
+        for ns in ("a", "b"):
+            uid = f"{ns}{i}"
+            if lim.check(uid, ["p", "q"], ns) is None:
+                lim.taken(uid, ["p", "q"], ns)
+                got.append(ns)
+    assert got == ["a", "b", "a", "b", "a", "b"]

@@ -294,8 +294,8 @@ def test_trust_a_forged_flood_neither_obeyed_nor_stalling(cluster: Any, api: Any
         try:
             with (Publisher(custom, nodes[0], lambda: [Usage(forged, 1 * GI)]),
                   Publisher(custom, nodes[1], lambda: [Usage(victim, usage["v0"])], period=0.2)):
-                op.start(evaluating=True)
-                time.sleep(2)  # settled: nothing to do anywhere
+                op.start()
+                time.sleep(3)  # settled: nothing to do anywhere
                 core.patch_namespaced_pod("cheap", namespace, {"metadata": {"annotations": {
                     "vramguard.io/violations": flood(900),
                     "vramguard.io/original-cpu": '{"main":{"limit":"64","request":"64"}}'}}})

@@ -13,7 +13,13 @@ is trusted beyond what it can prove.
   state key: another namespace's pod going over its budget is annotated
   within 1 s, and the forged CPU is never applied.
 
-Each prints its figure (``FIGURE name: value``; run with ``-s``). The operator runs
+Each prints its figure (``FIGURE name: value``; run with ``-s``). Measured
+before issue 32 (its parent commit) and after, on the local cluster: 5 of 10
+within-limit pods acted on, then 0; the other tenant's eviction 46.2 s after
+it was due, then 4.9 s (a 5 s token interval); the other namespace annotated
+18.7 s after going over during the flood without a key (0.04 s with one: the
+seal already held), then 0.03 s either way. The state-key case of the flood
+passes on the parent commit too; every other case fails there. The operator runs
 as a subprocess (the annotation guard off, as in test_hardening_e2e.py); test
 names start with ``test_trust_`` so that their namespaces are the ones
 watched.

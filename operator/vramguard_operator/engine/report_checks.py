@@ -51,31 +51,34 @@ def _slack(mem: DeviceMemory) -> int:
     return max(MIN_USED_SLACK, int(mem.total_bytes * USED_SLACK_FRACTION))
 
 
-def _memory(st: NodeGPUUsageStatus) -> dict[str, DeviceMemory | None]:
-    return {d.uuid: d.memory for d in st.devices}
+class _Report:
+    """What several rules read, computed once per report: the devices' memory
+    by UUID (None: no figures) and the bytes the pods report on each device
+    (unknown entries count 0)."""
+
+    __slots__ = ("st", "memory", "on_device")
+
+    def __init__(self, st: NodeGPUUsageStatus) -> None:
+        self.st = st
+        self.memory: dict[str, DeviceMemory | None] = {d.uuid: d.memory for d in st.devices}
+        self.on_device: Counter[str] = Counter()
+        for p in st.pods:
+            for u in p.devices:
+                self.on_device[u.uuid] += u.used_bytes or 0
 
 
-def _on_device(st: NodeGPUUsageStatus) -> Counter[str]:
-    """Bytes the pods report on each device (unknown entries count 0)."""
-    out: Counter[str] = Counter()
-    for p in st.pods:
-        for u in p.devices:
-            out[u.uuid] += u.used_bytes or 0
-    return out
-
-
-def duplicate_device(st: NodeGPUUsageStatus) -> str | None:
-    dup = _duplicates(d.uuid for d in st.devices)
+def duplicate_device(r: _Report) -> str | None:
+    dup = _duplicates(d.uuid for d in r.st.devices)
     return f"device {dup[0]} is listed more than once" if dup else None
 
 
-def duplicate_pod(st: NodeGPUUsageStatus) -> str | None:
-    dup = _duplicates(p.uid for p in st.pods)
+def duplicate_pod(r: _Report) -> str | None:
+    dup = _duplicates(p.uid for p in r.st.pods)
     return f"pod uid {dup[0]} is listed more than once" if dup else None
 
 
-def device_memory(st: NodeGPUUsageStatus) -> str | None:
-    for d in st.devices:
+def device_memory(r: _Report) -> str | None:
+    for d in r.st.devices:
         mem = d.memory
         if mem is None:
             continue
@@ -86,10 +89,10 @@ def device_memory(st: NodeGPUUsageStatus) -> str | None:
     return None
 
 
-def device_used(st: NodeGPUUsageStatus) -> str | None:
+def device_used(r: _Report) -> str | None:
     # usedBytes may count the reserved memory (driver generations differ,
     # NVML-NOTES.md), so its bound is usable + reserved: the total.
-    for d in st.devices:
+    for d in r.st.devices:
         mem = d.memory
         if mem is not None and mem.used_bytes is not None and mem.used_bytes > mem.total_bytes:
             return (
@@ -99,25 +102,38 @@ def device_used(st: NodeGPUUsageStatus) -> str | None:
     return None
 
 
-def unlisted_device(st: NodeGPUUsageStatus) -> str | None:
-    if st.truncated:
+def pod_on_no_device(r: _Report) -> str | None:
+    if r.st.devices:
+        return None
+    for p in r.st.pods:
+        if p.vram_bytes:
+            return f"{_who(p)} reports {format_bytes(p.vram_bytes)} of VRAM on a node that lists no device"
+    return None
+
+
+def unlisted_device(r: _Report) -> str | None:
+    if r.st.truncated:
         return None  # the agent cut the device list (its bounds); pods may name a device cut
-    listed = {d.uuid for d in st.devices}
-    for p in st.pods:
+    unlisted = r.on_device.keys() - r.memory.keys()
+    if not unlisted:
+        return None
+    for p in r.st.pods:
         for u in p.devices:
-            if u.uuid not in listed:
+            if u.uuid in unlisted:
                 return f"{_who(p)} reports usage on device {u.uuid}, which the report does not list"
     return None
 
 
-def usage_without_memory(st: NodeGPUUsageStatus) -> str | None:
-    memory = _memory(st)
-    for p in st.pods:
+def usage_without_memory(r: _Report) -> str | None:
+    bare = {uuid for uuid, mem in r.memory.items() if mem is None}
+    if not bare:
+        return None
+    for p in r.st.pods:
         for u in p.devices:
-            if u.uuid in memory and memory[u.uuid] is None and (u.used_bytes or 0) > 0:
+            if u.uuid in bare and (u.used_bytes or 0) > 0:
                 return f"{_who(p)} reports {u.used_bytes} bytes on device {u.uuid}, which has no memory figures"
         # VRAM on no device entry could be on the device without figures: no bound holds it
-        if p.vram_bytes and not p.devices and None in memory.values():
+        if p.vram_bytes and not p.devices:
             return (
                 f"{_who(p)} reports {format_bytes(p.vram_bytes)} of VRAM on no device entry, "
                 "beside a device with no memory figures"
@@ -125,56 +141,48 @@ def usage_without_memory(st: NodeGPUUsageStatus) -> str | None:
     return None
 
 
-def pod_on_no_device(st: NodeGPUUsageStatus) -> str | None:
-    if st.devices:
-        return None
-    for p in st.pods:
-        if p.vram_bytes:
-            return f"{_who(p)} reports {format_bytes(p.vram_bytes)} of VRAM on a node that lists no device"
-    return None
-
-
-def pod_sum(st: NodeGPUUsageStatus) -> str | None:
+def pod_sum(r: _Report) -> str | None:
     # The agent writes vramBytes as the exact sum of the pod's device entries
     # (no rounding), or leaves it absent when one of them is unknown. A pod of
     # attribution Unknown has no VRAM the operator reads; one without entries
     # is bounded by the node's devices only (pod_above_device).
-    for p in st.pods:
-        if p.attribution != "Measured" or p.vram_bytes is None or not p.devices:
+    for p in r.st.pods:
+        if p.vram_bytes is None or not p.devices or p.attribution != "Measured":
             continue
-        if any(u.used_bytes is None for u in p.devices):
-            continue
-        entries = sum(u.used_bytes or 0 for u in p.devices)
-        if p.vram_bytes != entries:
-            return (
-                f"{_who(p)} reports vramBytes {p.vram_bytes}, not the sum of its device entries "
-                f"({entries} over {len(p.devices)} devices)"
-            )
+        entries = 0
+        for u in p.devices:
+            if u.used_bytes is None:
+                break
+            entries += u.used_bytes
+        else:
+            if p.vram_bytes != entries:
+                return (
+                    f"{_who(p)} reports vramBytes {p.vram_bytes}, not the sum of its device entries "
+                    f"({entries} over {len(p.devices)} devices)"
+                )
     return None
 
 
-def pod_above_device(st: NodeGPUUsageStatus) -> str | None:
-    memory = _memory(st)
-    node_total = sum(m.total_bytes for m in memory.values() if m is not None)
-    known = all(m is not None for m in memory.values())
-    for p in st.pods:
+def pod_above_device(r: _Report) -> str | None:
+    known = None not in r.memory.values()
+    node_total = sum(m.total_bytes for m in r.memory.values() if m is not None)
+    for p in r.st.pods:
         vram = p.vram_bytes or 0
-        if known and st.devices and vram > node_total:
+        if known and r.st.devices and vram > node_total:
             return f"{_who(p)} reports vramBytes {vram}, above the {format_bytes(node_total)} of the node's devices"
         for u in p.devices:
-            mem = memory.get(u.uuid)
+            mem = r.memory.get(u.uuid)
             if mem is not None and (u.used_bytes or 0) > mem.total_bytes:
                 return f"{_who(p)} reports {u.used_bytes} bytes on device {u.uuid}, above its {format_bytes(mem.total_bytes)}"
     return None
 
 
-def pods_above_usable(st: NodeGPUUsageStatus) -> str | None:
-    on_device = _on_device(st)
-    for d in st.devices:
+def pods_above_usable(r: _Report) -> str | None:
+    for d in r.st.devices:
         mem = d.memory
         if mem is None:
             continue
-        pods, slack = on_device.get(d.uuid, 0), _slack(mem)
+        pods, slack = r.on_device.get(d.uuid, 0), _slack(mem)
         if pods > mem.usable_bytes + slack:
             return (
                 f"device {d.uuid}: its pods report {format_bytes(pods)}, above its "
@@ -183,13 +191,12 @@ def pods_above_usable(st: NodeGPUUsageStatus) -> str | None:
     return None
 
 
-def used_below_pods(st: NodeGPUUsageStatus) -> str | None:
-    on_device = _on_device(st)
-    for d in st.devices:
+def used_below_pods(r: _Report) -> str | None:
+    for d in r.st.devices:
         mem = d.memory
         if mem is None or mem.used_bytes is None:
             continue
-        pods, slack = on_device.get(d.uuid, 0), _slack(mem)
+        pods, slack = r.on_device.get(d.uuid, 0), _slack(mem)
         if pods > mem.used_bytes + slack:
             return (
                 f"device {d.uuid} reports {format_bytes(mem.used_bytes)} used, below the "
@@ -202,7 +209,7 @@ class Rule(NamedTuple):
     """One rule a report must satisfy: its name and its check."""
 
     name: str
-    check: Callable[[NodeGPUUsageStatus], str | None]
+    check: Callable[[_Report], str | None]
 
 
 RULES: tuple[Rule, ...] = (
@@ -224,8 +231,9 @@ RULES: tuple[Rule, ...] = (
 def report_problem(st: NodeGPUUsageStatus) -> str | None:
     """Why the report's numbers cannot all be true, or None: the first rule of
     ``RULES`` it breaks, as ``"<why> (rule <Name>)"``."""
+    report = _Report(st)
     for rule in RULES:
-        why = rule.check(st)
+        why = rule.check(report)
         if why is not None:
             return f"{why} (rule {rule.name})"
     return None

@@ -90,7 +90,7 @@ class Evictor:
         if exempt:  # the applier removed it already; defence in depth
             metrics.action(Action.EVICT, "skipped", ns)
             return "skipped"
-        why = self.limiter.check(d.pod.uid, scopes)
+        why = self.limiter.check(d.pod.uid, scopes, ns)
         if why == "backoff":
             metrics.action(Action.EVICT, "backoff", ns)
             return "backoff"
@@ -104,7 +104,7 @@ class Evictor:
             return "rate_limited"
         # The token is spent before the call: an eviction that timed out may
         # have happened. Only a definite refusal gives it back.
-        self.limiter.taken(d.pod.uid, scopes)
+        self.limiter.taken(d.pod.uid, scopes, ns)
         self.events.explain(d, d.event)
         crashpoints.reached("before-eviction")
         try:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 
 import kopf
 
 from vramguard_operator.controller.metrics import process_metrics, serve_metrics
-from vramguard_operator.controller.settings import OperatorSettings
+from vramguard_operator.controller.settings import OperatorSettings, default_key_path, default_state_key
 
 log = logging.getLogger("vramguard.operator")
 
@@ -44,6 +45,11 @@ def run(settings: OperatorSettings) -> int:
     if settings.webhook is not None:
         from vramguard_operator.controller import webhooks  # noqa: F401
     configure_logging(settings)
+    if settings.config.state_key is None:
+        # never obey state that cannot be verified: a key of our own, kept
+        key, note = default_state_key(default_key_path())
+        settings = replace(settings, config=replace(settings.config, state_key=key))
+        log.warning("%s", note)
     try:
         serve_metrics(settings.metrics_port, settings.metrics_address)
     except OSError as err:

@@ -13,6 +13,7 @@ refused with a message naming the flag, the variable and the value
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,6 +190,40 @@ def read_key(path: str) -> bytes:
     """The state key in ``path`` (surrounding white space stripped). Raises ``OSError``."""
     with open(path, "rb") as f:
         return f.read(4096).strip()
+
+
+def default_key_path(environ: Mapping[str, str] = os.environ) -> str:
+    """Where an operator started without ``--state-key-file`` keeps the key it
+    generates: ``$XDG_STATE_HOME/vramguard/state-key`` (the XDG base directory
+    spec's place for state that survives restarts; default ``~/.local/state``)."""
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "vramguard", "state-key")
+
+
+def default_state_key(path: str) -> tuple[bytes, str]:
+    """The key of an operator started without ``--state-key-file``, and one line
+    saying where it comes from: the key in ``path`` when it holds one,
+    else a new random key (32 bytes, hex) written there (mode 0600), else
+    (``path`` cannot be written) a key held in memory only, so that state of
+    an earlier run is not obeyed either. Never raises ``OSError``."""
+    try:
+        key = read_key(path)
+        if len(key) >= MIN_STATE_KEY_BYTES:
+            return key, f"state key: none given (--state-key-file); using the one kept in {path}"
+    except OSError:
+        pass
+    key = secrets.token_hex(32).encode()
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key + b"\n")
+    except OSError as err:
+        return key, (f"state key: none given (--state-key-file) and {path} cannot be written "
+                     f"({err.strerror or err}): a key held in memory only; state on pods from before this "
+                     "start is not obeyed")
+    return key, (f"state key: none given (--state-key-file); generated one and kept it in {path}: "
+                 "state on pods not sealed with it is not obeyed")
 
 
 def parameters() -> list[click.Parameter]:

@@ -25,7 +25,7 @@ pod in its namespace as unknown: never chosen, never protected.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -82,7 +82,8 @@ def evaluate(inp: EngineInput, progress: Progress | None = None) -> EngineOutput
     tell = progress or (lambda _stage: None)
     tell("records")
     nodes = read_nodes(inp.reports, now, inp.config.freshness_seconds, inp.unknown_nodes)
-    states = read_pod_states(sorted(inp.pods, key=lambda p: (p.namespace, p.name)), inp.config.state_key)
+    per_ns = Counter([*(b.metadata.namespace or "" for b in inp.budgets), *(ns for ns, _ in inp.held)])
+    states = read_pod_states(sorted(inp.pods, key=lambda p: (p.namespace, p.name)), inp.config.state_key, per_ns)
     pods_by_ns: dict[str, list[PodFacts]] = defaultdict(list)
     for pod in states.pods:
         pods_by_ns[pod.namespace].append(pod)

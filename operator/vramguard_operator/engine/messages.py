@@ -313,6 +313,11 @@ def state_rejected(namespace: str, pod: str, annotations: Mapping[str, str]) -> 
     )[:1024]
 
 
+def state_too_large(why: str) -> str:
+    """A pod whose violations annotation is larger than any the operator writes."""
+    return f"{why}: not obeyed (not written by this operator), and replaced by the state the operator holds"[:1024]
+
+
 def evaluation_failed(err: BaseException) -> str:
     """A budget whose evaluation raised: the error, and that it is skipped."""
     return (

@@ -30,7 +30,7 @@ from vramguard_operator.engine.keys import (
 )
 from vramguard_operator.engine.ladder import Ladder
 from vramguard_operator.engine.outputs import ObjectProblem, PodPatch
-from vramguard_operator.engine.records import ViolationRecord, records_from_annotation, records_to_annotation
+from vramguard_operator.engine.records import ViolationRecord, read_records, records_bound, records_to_annotation
 from vramguard_operator.engine.seal import has_state, sealed, verify
 from vramguard_operator.engine.throttle import Original, original_to_annotation
 
@@ -54,32 +54,38 @@ class PodStates:
     problems: list[str] = field(default_factory=list)
     object_problems: list[ObjectProblem] = field(default_factory=list)
 
+    def reject(self, pod: PodFacts, why: str) -> None:
+        """``pod``'s state is not obeyed (``why``: one line): the engine sees
+        it without its vramguard annotations, the operator's state replaces
+        them, and one ``StateRejected`` Event says so."""
+        self.pods.append(replace(pod, annotations={k: v for k, v in pod.annotations.items() if k not in _STATE_KEYS}))
+        self.dirty.add(pod.uid)
+        self.problems.append(why)
+        self.object_problems.append(ObjectProblem("Pod", pod.namespace, pod.name, pod.uid, EVENT_STATE_REJECTED, why))
 
-def read_pod_states(pods: Iterable[PodFacts], key: bytes | None) -> PodStates:
-    """Read every pod's state (``key``: the state key; None checks no seal)."""
+
+def read_pod_states(
+    pods: Iterable[PodFacts], key: bytes | None, budgets: Mapping[str, int] | None = None
+) -> PodStates:
+    """Read every pod's state (``key``: the state key; None checks no seal).
+    ``budgets``: the number of budgets per namespace, bounding the records a
+    pod's annotation may hold (``records.records_bound``); None: no bound."""
     out = PodStates()
     for pod in pods:
         out.raw[pod.uid] = pod.annotations
         if key is not None and has_state(pod.annotations) and not verify(key, pod.uid, pod.annotations):
-            out.pods.append(replace(pod, annotations={k: v for k, v in pod.annotations.items() if k not in _STATE_KEYS}))
-            out.dirty.add(pod.uid)
-            out.problems.append(messages.state_rejected(pod.namespace, pod.name, pod.annotations))
-            out.object_problems.append(
-                ObjectProblem(
-                    "Pod",
-                    pod.namespace,
-                    pod.name,
-                    pod.uid,
-                    EVENT_STATE_REJECTED,
-                    messages.state_rejected(pod.namespace, pod.name, pod.annotations),
-                )
-            )
+            out.reject(pod, messages.state_rejected(pod.namespace, pod.name, pod.annotations))
             continue
-        out.pods.append(pod)
         text = pod.annotations.get(ANNOTATION_VIOLATIONS)
         if not text:
+            out.pods.append(pod)
             continue
-        records, problems = records_from_annotation(text, pod.namespace, pod.name)
+        bound = None if budgets is None else records_bound(budgets.get(pod.namespace, 0))
+        records, problems, too_large = read_records(text, pod.namespace, pod.name, bound)
+        if too_large is not None:
+            out.reject(pod, messages.state_too_large(too_large))
+            continue
+        out.pods.append(pod)
         out.records[pod.uid] = {r.key: r for r in records}
         if problems:
             out.problems.extend(problems)

@@ -28,6 +28,7 @@ from typing import Any, cast, get_args
 
 from vramguard_api.budget import GPUMemoryBudget, ViolationKind
 from vramguard_api.steps import ACTIONS, STEP_RANKS, Action
+from vramguard_api.usage import MAX_DEVICES
 from vramguard_operator.engine.keys import ViolationKey
 
 TOTAL_KINDS = frozenset({"TotalVRAM", "TotalRAM"})
@@ -161,6 +162,22 @@ def records_to_annotation(records: Iterable[ViolationRecord]) -> str:
     return json.dumps([record_to_json(r) for r in ordered], separators=(",", ":"))
 
 
+RECORDS_PER_BUDGET = len(_KINDS) - 1 + MAX_DEVICES
+"""The most records one budget can write on one pod: one per kind, DeviceVRAM
+once per device (``MAX_DEVICES``, the report's bound)."""
+RECORD_BYTES = 512
+"""Bytes allowed per record in the annotation (a record's compact JSON is
+about 200-300 bytes: ``record_to_json``)."""
+
+
+def records_bound(budgets: int) -> int:
+    """The most records ``vramguard.io/violations`` can hold on a pod of a
+    namespace with ``budgets`` budgets (given or held): theirs, and two more
+    budgets' (the policy's implicit budget, and one deleted whose records
+    are still to close)."""
+    return (budgets + 2) * RECORDS_PER_BUDGET
+
+
 def records_from_annotation(text: str, namespace: str, pod: str) -> tuple[list[ViolationRecord], list[str]]:
     """Parse ``vramguard.io/violations`` of pod ``namespace/pod``.
 
@@ -168,15 +185,32 @@ def records_from_annotation(text: str, namespace: str, pod: str) -> tuple[list[V
     the pod, the entry, the field and the value); malformed entries are
     skipped, the rest kept. Never raises on any text.
     """
+    records, problems, _ = read_records(text, namespace, pod, None)
+    return records, problems
+
+
+def read_records(
+    text: str, namespace: str, pod: str, max_records: int | None
+) -> tuple[list[ViolationRecord], list[str], str | None]:
+    """``records_from_annotation`` with a bound: a list of more than
+    ``max_records`` entries (or a text longer than ``RECORD_BYTES`` each) is
+    rejected as a whole, unparsed: no records, and the third value says why
+    (one line). None: no bound."""
     where = f"pod {namespace}/{pod} annotation vramguard.io/violations"
+    if max_records is not None and len(text) > max_records * RECORD_BYTES:
+        return [], [], (f"{where}: {len(text)} bytes, more than the {max_records * RECORD_BYTES} "
+                        f"that {max_records} records (what the budgets of its namespace could write) take")
     try:
         data = json.loads(text)
     except ValueError as err:
-        return [], [f"{where}: invalid JSON {text[:80]!r}: {err}"]
+        return [], [f"{where}: invalid JSON {text[:80]!r}: {err}"], None
     except RecursionError:
-        return [], [f"{where}: JSON nested too deeply {text[:80]!r}"]
+        return [], [f"{where}: JSON nested too deeply {text[:80]!r}"], None
     if not isinstance(data, list):
-        return [], [f"{where}: want a JSON list, got {text[:80]!r}"]
+        return [], [f"{where}: want a JSON list, got {text[:80]!r}"], None
+    if max_records is not None and len(data) > max_records:
+        return [], [], (f"{where}: {len(data)} records, more than the {max_records} "
+                        "the budgets of its namespace could have written")
     records: list[ViolationRecord] = []
     problems: list[str] = []
     for i, entry in enumerate(data):
@@ -184,7 +218,7 @@ def records_from_annotation(text: str, namespace: str, pod: str) -> tuple[list[V
             records.append(_record_from_json(entry, namespace, pod))
         except ValueError as err:
             problems.append(f"{where}[{i}]: {err}"[:1024])
-    return records, problems
+    return records, problems, None
 
 
 def _record_from_json(entry: Any, namespace: str, pod: str) -> ViolationRecord:

@@ -9,6 +9,7 @@ by the same code.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -78,9 +79,23 @@ class EvictionLimiter:
     burst of ``burst`` × share but at least one token (an eviction needs a
     whole token). So the shards together never evict faster than the
     policy's rate; their bursts add up to at most ``max(burst, N)``.
+
+    Fair between namespaces (``check`` with ``namespace``): within a scope,
+    a token goes first to the namespace served least recently among those
+    with a pod waiting for one (a waiter is one that asked within
+    ``WAITER_TTL_S``). So while another namespace waits, a namespace that
+    was served more recently is refused (``"rate_limited"``) even with a
+    token in the bucket: one namespace's own evictions delay another's due
+    eviction by at most one token interval (docs/operator.md, "Fair between
+    namespaces"). When it was served is one order over every scope, so no two
+    namespaces can each wait for the other (in two scopes).
     """
 
     DEFAULT_SCOPE = ""
+    WAITER_TTL_S = 30.0
+    """Seconds a pod that asked for a token stays a waiter without asking
+    again (a due eviction asks at every evaluation of its pod, every few
+    seconds; one no longer due stops holding tokens for its namespace)."""
 
     def __init__(
         self,
@@ -97,6 +112,11 @@ class EvictionLimiter:
             self.DEFAULT_SCOPE: TokenBucket(default.per_minute, default.burst, clock())
         }
         self.retry_at: dict[str, float] = {}
+        # namespace -> when it last took a token (one order over all scopes, so
+        # that two namespaces never wait for each other in two scopes); per
+        # scope, waiting pod uid -> (namespace, when it last asked)
+        self.served: dict[str, float] = {}
+        self.waiting: dict[str, dict[str, tuple[str, float]]] = {}
 
     def _scaled(self, lim: EvictionRateLimit) -> tuple[float, float]:
         return lim.per_minute * self.share, max(1.0, lim.burst * self.share)
@@ -107,6 +127,7 @@ class EvictionLimiter:
         self.limits = dict(limits)
         for name in [n for n in self.buckets if n != self.DEFAULT_SCOPE and n not in limits]:
             del self.buckets[name]
+            self.waiting.pop(name, None)
         for name, lim in [(self.DEFAULT_SCOPE, self.default), *limits.items()]:
             rate, burst = self._scaled(lim)
             bucket = self.buckets.get(name)
@@ -121,29 +142,50 @@ class EvictionLimiter:
             self.share = share
             self.configure(self.limits)
 
-    def check(self, uid: str, scopes: Sequence[str]) -> str | None:
-        """None when pod ``uid`` may be evicted now (the caller then calls
-        ``taken``), else why not: ``"backoff"`` or ``"rate_limited"``."""
+    def _scope(self, scope: str) -> str:
+        return scope if scope in self.buckets else self.DEFAULT_SCOPE
+
+    def check(self, uid: str, scopes: Sequence[str], namespace: str = "") -> str | None:
+        """None when pod ``uid`` (of ``namespace``) may be evicted now (the
+        caller then calls ``taken``), else why not: ``"backoff"`` or
+        ``"rate_limited"`` (no token, or another namespace's turn)."""
         now = self.clock()
         if self.retry_at.get(uid, 0.0) > now:
             return "backoff"
-        buckets = [self.buckets.get(s) or self.buckets[self.DEFAULT_SCOPE] for s in scopes]
-        if not all(b.available(now) for b in buckets):
+        keys = [self._scope(s) for s in scopes]
+        for k in keys:
+            self.waiting.setdefault(k, {})[uid] = (namespace, now)
+        if not all(self.buckets[k].available(now) for k in keys):
+            return "rate_limited"
+        if any(self._other_turn(k, namespace, now) for k in keys):
             return "rate_limited"
         return None
 
-    def taken(self, uid: str, scopes: Sequence[str]) -> None:
-        """Take a token from every scope for an eviction about to be sent."""
+    def _other_turn(self, scope: str, namespace: str, now: float) -> bool:
+        """Whether another namespace with a live waiter in ``scope`` was served
+        less recently than ``namespace`` (never served: first)."""
+        waiting = self.waiting.get(scope, {})
+        for uid in [u for u, (_, seen) in waiting.items() if now - seen > self.WAITER_TTL_S]:
+            del waiting[uid]
+        mine = self.served.get(namespace, -math.inf)
+        return any(ns != namespace and self.served.get(ns, -math.inf) < mine for ns, _ in waiting.values())
+
+    def taken(self, uid: str, scopes: Sequence[str], namespace: str = "") -> None:
+        """Take a token from every scope for an eviction about to be sent (by
+        a pod of ``namespace``)."""
         now = self.clock()
         for s in scopes:
-            (self.buckets.get(s) or self.buckets[self.DEFAULT_SCOPE]).take(now)
+            k = self._scope(s)
+            self.buckets[k].take(now)
+            self.waiting.get(k, {}).pop(uid, None)
+        self.served[namespace] = now
         self.retry_at.pop(uid, None)
 
     def refund(self, scopes: Sequence[str]) -> None:
         """Give the tokens of an eviction the API server refused back."""
         now = self.clock()
         for s in scopes:
-            (self.buckets.get(s) or self.buckets[self.DEFAULT_SCOPE]).refund(now)
+            self.buckets[self._scope(s)].refund(now)
 
     def blocked(self, uid: str) -> None:
         """Record a refusal (429): retry the pod after ``retry_seconds``."""
@@ -154,4 +196,7 @@ class EvictionLimiter:
         live = set(live_uids)
         for uid in [u for u in self.retry_at if u not in live]:
             del self.retry_at[uid]
+        for waiting in self.waiting.values():
+            for uid in [u for u in waiting if u not in live]:
+                del waiting[uid]
 

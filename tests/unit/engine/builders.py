@@ -145,6 +145,17 @@ def report(
     )
 
 
+def gpu(uuid: str, index: int = 0, gib: int = 80) -> dict[str, Any]:
+    """A device entry of ``gib`` GiB, all usable."""
+    b = gib * GI
+    return {"uuid": uuid, "index": index, "memory": {"totalBytes": b, "reservedBytes": 0, "usableBytes": b}}
+
+
+TWO_GPUS = [gpu("GPU-0", 0), gpu("GPU-1", 1)]
+"""Two 80 GiB devices: room for pods that together hold more than one (a
+report may not put more on a device than it has, engine/report_checks.py)."""
+
+
 def vram(n: float, device: str = "GPU-0", **extra: Any) -> dict[str, Any]:
     """PodUsage fields for ``n`` GiB of VRAM on one device."""
     b = int(n * GI)
@@ -186,13 +197,15 @@ def simulate(
     budgets: list[GPUMemoryBudget],
     pods: list[PodFacts],
     timeline: list[tuple[float, dict[str, dict[str, Any]]]],
+    devices: list[dict[str, Any]] | None = None,
     **kw: Any,
 ) -> tuple[list[tuple[float, Decision]], list[GPUMemoryBudget], list[PodFacts]]:
-    """Evaluate at each (seconds, usage) of ``timeline`` on node-a, applying
-    each output before the next; returns (time, decision) pairs and the end state."""
+    """Evaluate at each (seconds, usage) of ``timeline`` on node-a (its
+    ``devices``, default one 80 GiB GPU-0), applying each output before the
+    next; returns (time, decision) pairs and the end state."""
     events: list[tuple[float, Decision]] = []
     for t, usage in timeline:
-        out = run(budgets, pods, [report("node-a", at(t), usage)], at(t), **kw)
+        out = run(budgets, pods, [report("node-a", at(t), usage, devices=devices)], at(t), **kw)
         events.extend((t, d) for d in out.decisions)
         budgets, pods = apply(out, budgets, pods)
     return events, budgets, pods

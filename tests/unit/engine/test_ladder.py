@@ -9,7 +9,7 @@ import pytest
 
 from vramguard_operator.engine.types import ANNOTATION_VIOLATIONS, DryRunStep, Evict, Throttle
 
-from .builders import GI, apply, at, budget, pod, report, run, simulate, steps, vram
+from .builders import GI, TWO_GPUS, apply, at, budget, pod, report, run, simulate, steps, vram
 
 
 def flat(value_gib: float, minutes: int, every: int = 60) -> list[tuple[float, dict]]:
@@ -134,8 +134,8 @@ def test_total_violation_annotates_all_then_throttles_and_evicts_the_largest():
 def test_total_evict_fires_once_even_if_total_stays_above():
     b = budget(total={"vram": "50Gi"})
     pods = [pod("w0"), pod("w1"), pod("w2")]
-    usage = {"w0": vram(30), "w1": vram(31), "w2": vram(30)}
-    events, budgets, pods = simulate([b], pods, [(t, usage) for t in range(0, 1201, 60)])
+    usage = {"w0": vram(30), "w1": vram(31, "GPU-1"), "w2": vram(30)}
+    events, budgets, pods = simulate([b], pods, [(t, usage) for t in range(0, 1201, 60)], TWO_GPUS)
     assert [(a, p) for _, a, p in steps(events) if a == "Evict"] == [("Evict", "w1")]
     (v,) = budgets[0].status.violations
     assert v.step == "Evict" and v.step_time == at(660)

@@ -7,7 +7,7 @@ import pytest
 
 from vramguard_operator.engine.types import Annotate
 
-from .builders import GI, at, budget, pod, report, run, vram
+from .builders import GI, TWO_GPUS, at, budget, pod, report, run, vram
 
 MIG = [
     {
@@ -54,7 +54,7 @@ CASES = [
             },
             "w1": {"vramBytes": 21 * GI, "devices": [{"uuid": "GPU-0", "usedBytes": 21 * GI}]},
         },
-        None,
+        TWO_GPUS,
         {("DeviceVRAM", "w1", "GPU-0")},
     ),
     (

@@ -21,7 +21,7 @@ from vramguard_operator.engine.measure import (
     vram_cap,
 )
 
-from .builders import GI, MI, at, budget, pod, report, vram
+from .builders import GI, MI, TWO_GPUS, at, budget, pod, report, vram
 
 KEY = ViolationKey("ml", "train", "PodVRAM", "w0")
 
@@ -64,7 +64,7 @@ def test_reports_are_stale_beyond_the_bound_either_way_and_missing_without_statu
 
 
 def data_of(name: str, gib: float, **extra) -> PodData:
-    nodes = read_nodes({"node-a": report("node-a", at(0), {name: vram(gib, **extra)})}, at(0), 60)
+    nodes = read_nodes({"node-a": report("node-a", at(0), {name: vram(gib, **extra)}, devices=TWO_GPUS)}, at(0), 60)
     return pod_data(pod(name), nodes)
 
 

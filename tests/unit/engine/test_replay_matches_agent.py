@@ -23,6 +23,7 @@ from vramguard_api.usage import NodeGPUUsage, NodeGPUUsageStatus
 from vramguard_operator.cli.replay import ReplayEvent, parse_usage, replay
 from vramguard_operator.cli.replay_run import EPOCH, NODE, apply_output, labels_for, pod_uid, replay_steps
 from vramguard_operator.engine.evaluate import evaluate
+from vramguard_operator.engine.report_checks import report_problem
 from vramguard_operator.engine.types import ContainerFacts, EffectivePolicy, EngineInput, PodFacts
 from vramguard_sim.scenario import Scenario
 from vramguard_sim.simbackend import SimBackend
@@ -149,6 +150,8 @@ def event_key(e: ReplayEvent) -> tuple[Any, ...]:
 
 def test_replay_gives_the_agents_trend_features_and_decisions(tmp_path):
     statuses = agent_reports(tmp_path)
+    # the agent's own reports break no rule of engine/report_checks (issue 32)
+    assert [(i, report_problem(st)) for i, st in enumerate(statuses) if report_problem(st)] == []
     samples = parse_usage(io.StringIO(usage_csv(statuses)))
     agent_trends = [{p.name: p.trend for p in st.pods} for st in statuses]
     replay_trends = [

@@ -12,6 +12,7 @@ import pytest
 
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.engine.evaluate import evaluate
+from vramguard_operator.engine.report_checks import RULES, report_problem, unknown_pods
 from vramguard_operator.engine.types import Annotate, EngineInput
 
 from .builders import GI, MI, at, budget, pod, report, vram
@@ -39,7 +40,7 @@ def with_used(device: dict[str, Any], used: int) -> dict[str, Any]:
 
 
 CONTRADICTIONS = [
-    ("pod above the node's devices", body([w("w0", 4)] + [{**w("w1", 4), "vramBytes": (1 << 53)}]),
+    ("pod above the node's devices", body([w("w0", 4)] + [{**w("w1", 4), "vramBytes": (1 << 53), "devices": []}]),
      "vramBytes 9007199254740992, above the 80Gi of the node's devices"),
     ("pod above its device", body([w("w0", 4), {**w("w1", 1), "devices": [{"uuid": "GPU-0", "usedBytes": 81 * GI}],
                                               "vramBytes": 81 * GI}], [GPU0, GPU1]),
@@ -54,7 +55,31 @@ CONTRADICTIONS = [
      "device GPU-0 reports 20Gi used, below the 34Gi its pods use"),
     ("VRAM on no device", body([w("w0", 4)], []) | {"status": {**body([w("w0", 4)])["status"], "devices": []}},
      "reports 4Gi of VRAM on a node that lists no device"),
+    # issue 32: each of these was believed, and pods at 4Gi under a 10Gi budget acted on
+    ("device used above total", body([w("w0", 4)], [with_used(GPU0, 200 * GI)]),
+     "device GPU-0 reports usedBytes 214748364800, above its totalBytes 85899345920"),
+    ("usage on a device without memory figures", body([w("w0", 4)], [{"uuid": "GPU-0", "index": 0}]),
+     "reports 4294967296 bytes on device GPU-0, which has no memory figures"),
+    ("VRAM beside devices without memory figures",
+     body([w("w0", 0), {**w("w1", 0), "vramBytes": 1000 * GI, "devices": []}],
+          [{"uuid": f"GPU-{i}", "index": i} for i in range(8)]),
+     "reports 1000Gi of VRAM on no device entry, beside a device with no memory figures"),
+    ("pods above usable without usedBytes", body([w("w0", 70), w("w1", 70)]),
+     "device GPU-0: its pods report 140Gi, above its 80Gi usable memory"),
+    ("vramBytes not the sum of its devices", body([w("w0", 4), {**w("w1", 1), "vramBytes": 70 * GI}]),
+     "reports vramBytes 75161927680, not the sum of its device entries (1073741824 over 1 devices)"),
+    ("device the report does not list", body([w("w0", 4), w("w1", 4, "GPU-9")]),
+     "reports usage on device GPU-9, which the report does not list"),
 ]
+RULE_OF = {
+    "pod above the node's devices": "PodAboveDevice", "pod above its device": "PodAboveDevice",
+    "usable bytes 0": "DeviceMemory", "usable above total": "DeviceMemory", "duplicate pod uid": "DuplicatePod",
+    "duplicate device": "DuplicateDevice", "used below the pods": "UsedBelowPods", "VRAM on no device": "PodOnNoDevice",
+    "device used above total": "DeviceUsedAboveTotal", "usage on a device without memory figures": "UsageWithoutMemory",
+    "VRAM beside devices without memory figures": "UsageWithoutMemory",
+    "pods above usable without usedBytes": "PodsAboveUsable", "vramBytes not the sum of its devices": "PodSumMismatch",
+    "device the report does not list": "UnlistedDevice",
+}
 
 
 def evaluate_at(rep: NodeGPUUsage, **kw: Any) -> Any:
@@ -74,6 +99,7 @@ def test_a_report_that_contradicts_itself_is_not_believed(case, raw, why):
     stale = {c.type: c for c in st.conditions or ()}["DataStale"]
     assert (stale.status, stale.reason) == ("True", "ReportInvalid")
     assert "node-a: " in stale.message and why in stale.message, stale.message
+    assert f"(rule {RULE_OF[case]})" in stale.message
     (problem,) = out.object_problems
     assert (problem.kind, problem.name, problem.uid, problem.reason) == (
         "NodeGPUUsage", "node-a", "uid-report-a", "ReportInvalid")
@@ -100,3 +126,23 @@ def test_a_consistent_report_is_believed():
     out = evaluate_at(report("node-a", at(0), {"w0": vram(12), "w1": vram(3)}))
     assert sorted(d.pod.name for d in out.decisions if d.pod) == ["b0", "w0"]
     assert not out.object_problems
+
+
+def test_every_rule_has_a_case():
+    assert {r.name for r in RULES} == set(RULE_OF.values())
+
+
+def test_a_truncated_report_may_name_a_device_it_cut():
+    # the agent cuts its device list at its bounds; the pods keep their entries
+    raw = body([w("w0", 12), w("w1", 3, "GPU-1")]) | {"status": {**body([])["status"], "truncated": True,
+                                                               "pods": body([w("w0", 12), w("w1", 3, "GPU-1")])["status"]["pods"]}}
+    out = evaluate_at(NodeGPUUsage.model_validate(raw))
+    assert not out.object_problems
+    assert sorted(d.pod.name for d in out.decisions if d.pod) == ["b0", "w0"]
+
+
+def test_unknown_pod_uids_are_named_but_not_a_contradiction():
+    st = NodeGPUUsage.model_validate(body([w(f"w{i}", 1) for i in range(5)])).status
+    assert unknown_pods(st, {"uid-w0", "uid-w1", "uid-w2", "uid-w3", "uid-w4"}) is None
+    assert unknown_pods(st, {"uid-w1"}) == "4 pod uids are not pods on this node: uid-w0, uid-w2, uid-w3 and 1 more"
+    assert report_problem(st) is None

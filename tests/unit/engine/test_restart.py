@@ -9,9 +9,9 @@ from dataclasses import replace
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_operator.engine.types import ANNOTATION_VIOLATIONS
 
-from .builders import at, budget, pod, report, run, simulate, steps, vram
+from .builders import TWO_GPUS, at, budget, pod, report, run, simulate, steps, vram
 
-TIMELINE = [(t, {"w0": vram(41), "w1": vram(30), "w2": vram(30)}) for t in range(0, 901, 60)]
+TIMELINE = [(t, {"w0": vram(41), "w1": vram(30, "GPU-1"), "w2": vram(30, "GPU-1")}) for t in range(0, 901, 60)]
 
 
 def through_api(budgets, pods):
@@ -22,12 +22,12 @@ def through_api(budgets, pods):
 def test_restart_at_every_point_gives_the_same_decisions():
     b = budget(per_pod={"vram": "40Gi"}, total={"vram": "90Gi"})
     pods = [pod("w0"), pod("w1"), pod("w2")]
-    reference, _, _ = simulate([b], pods, TIMELINE)
+    reference, _, _ = simulate([b], pods, TIMELINE, TWO_GPUS)
     assert [a for _, a, _ in steps(reference)].count("Evict") == 1
     for cut in range(1, len(TIMELINE)):
-        first, budgets, ps = simulate([b], pods, TIMELINE[:cut])
+        first, budgets, ps = simulate([b], pods, TIMELINE[:cut], TWO_GPUS)
         budgets, ps = through_api(budgets, ps)
-        rest, _, _ = simulate(budgets, ps, TIMELINE[cut:])
+        rest, _, _ = simulate(budgets, ps, TIMELINE[cut:], TWO_GPUS)
         assert steps(first + rest) == steps(reference), f"restart before t={TIMELINE[cut][0]}"
 
 

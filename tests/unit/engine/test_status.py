@@ -7,7 +7,7 @@ import json
 from vramguard_operator.engine.budget_status import status_changed
 from vramguard_operator.engine.types import EngineConfig
 
-from .builders import GI, at, budget, pod, report, run, simulate, stale_selector, steps, vram
+from .builders import GI, TWO_GPUS, at, budget, pod, report, run, simulate, stale_selector, steps, vram
 
 
 def conds(status):
@@ -132,9 +132,9 @@ def test_invalid_selector_is_reported_and_nothing_decided():
 def test_warnings_beyond_the_status_bound_raise_no_event_and_are_counted():
     b = budget(per_pod={"vram": "40Gi"})
     pods = [pod("w0"), pod("w1"), pod("w2")]
-    usage = {"w0": vram(35), "w1": vram(36), "w2": vram(37)}
+    usage = {"w0": vram(35), "w1": vram(36, "GPU-1"), "w2": vram(37)}
     config = EngineConfig(max_status_entries=2)
-    events, budgets, _ = simulate([b], pods, [(t, usage) for t in (0, 60, 120)], config=config)
+    events, budgets, _ = simulate([b], pods, [(t, usage) for t in (0, 60, 120)], TWO_GPUS, config=config)
     # the two highest shares are kept and warned once; the third is neither stored nor re-warned
     assert steps(events) == [(0, "Warn", "w2"), (0, "Warn", "w1")]
     st = budgets[0].status

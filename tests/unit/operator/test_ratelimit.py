@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramguard_api.policy import EvictionRateLimit
 from vramguard_operator.policy.ratelimit import EvictionLimiter, TokenBucket
@@ -90,3 +92,97 @@ def test_limiter_reconfigures_a_policy_bucket_when_its_limit_changes():
     assert lim.check("b", ("p",)) is None  # 2 left, capped at the new burst 1
     lim.taken("b", ("p",))
     assert lim.check("c", ("p",)) == "rate_limited"
+
+
+# --- fairness between namespaces (issue 32, item 2) --------------------------
+
+
+def race(hostile_every: float, due: float, ask_every: float, hostile_start: float, horizon: float = 600.0) -> float:
+    """The default bucket (2/min, burst 2), a hostile namespace asking to evict
+    one new pod of its own every ``hostile_every`` s from ``hostile_start``,
+    and one pod of ``ml`` due at ``due`` asking every ``ask_every`` s: when
+    the ``ml`` pod was evicted (seconds after ``due``)."""
+    clock = Clock()
+    start = clock.t
+    lim = EvictionLimiter(EvictionRateLimit(perMinute=2, burst=2), retry_seconds=60, clock=clock)
+    events = sorted([(hostile_start + i * hostile_every, "hostile") for i in range(int(horizon / hostile_every) + 1)]
+                    + [(due + i * ask_every, "ml") for i in range(int(horizon / ask_every) + 1)])
+    n = 0
+    for t, ns in events:
+        clock.t = start + t
+        uid = "uid-victim" if ns == "ml" else f"uid-h{n}"
+        if lim.check(uid, [""], ns) is None:
+            lim.taken(uid, [""], ns)
+            if ns == "ml":
+                return t - due
+            n += 1
+    raise AssertionError("the ml pod was never evicted")
+
+
+@given(st.floats(0.2, 10), st.floats(0, 300), st.floats(0.5, 5), st.floats(0, 60))
+@settings(max_examples=300, deadline=None)
+def test_a_namespaces_own_evictions_delay_anothers_by_at_most_one_token_interval(
+    hostile_every: float, due: float, ask_every: float, hostile_start: float
+) -> None:
+    # one token interval (30 s at 2/min), plus at most one of the pod's own asking periods
+    assert race(hostile_every, due, ask_every, hostile_start) <= 30.0 + ask_every + 1e-6
+
+
+def test_the_token_goes_to_the_namespace_served_least_recently():
+    clock = Clock()
+    lim = EvictionLimiter(EvictionRateLimit(perMinute=2, burst=1), retry_seconds=60, clock=clock)
+    lim.taken("uid-h", [""], "hostile")
+    clock.t += 30.0
+    assert lim.check("uid-victim", [""], "ml") is None  # ml was never served: its turn
+    clock.t += 0.0
+    assert lim.check("uid-h2", [""], "hostile") == "rate_limited"  # a token, but ml waits
+    lim.taken("uid-victim", [""], "ml")
+    clock.t += 30.0
+    assert lim.check("uid-h2", [""], "hostile") is None  # ml served more recently: hostile's turn
+
+
+def test_two_busy_namespaces_alternate():
+    clock = Clock()
+    lim = EvictionLimiter(EvictionRateLimit(perMinute=60, burst=1), retry_seconds=60, clock=clock)
+    got = []
+    for i in range(10):
+        clock.t += 1.0
+        for ns in ("a", "a", "b"):  # a asks twice as often as b
+            uid = f"{ns}-{i}-{len(got)}"
+            if lim.check(uid, [""], ns) is None:
+                lim.taken(uid, [""], ns)
+                got.append(ns)
+    assert got == ["a", "b"] * 5
+
+
+def test_a_waiter_that_stops_asking_holds_no_token_for_long():
+    clock = Clock()
+    lim = EvictionLimiter(EvictionRateLimit(perMinute=2, burst=1), retry_seconds=60, clock=clock)
+    lim.taken("uid-a0", [""], "a")
+    assert lim.check("uid-b0", [""], "b") == "rate_limited"  # b waits, then its pod goes away quietly
+    clock.t += 30.0
+    assert lim.check("uid-a1", [""], "a") == "rate_limited"  # b's turn while it may still ask
+    clock.t += EvictionLimiter.WAITER_TTL_S + 1
+    assert lim.check("uid-a1", [""], "a") is None
+    lim.forget([])  # gone pods are no waiters either
+    assert not lim.waiting[""]
+
+
+def test_two_namespaces_never_wait_for_each_other_in_two_scopes():
+    # a and b share two policies' buckets; whoever was served longer ago goes first in both
+    clock = Clock()
+    lim = EvictionLimiter(EvictionRateLimit(perMinute=60, burst=1), retry_seconds=60, clock=clock)
+    lim.configure({"p": EvictionRateLimit(perMinute=60, burst=1), "q": EvictionRateLimit(perMinute=60, burst=1)})
+    lim.taken("a0", ["p"], "a")
+    clock.t += 1
+    lim.taken("b0", ["q"], "b")
+    clock.t += 1
+    got = []
+    for i in range(6):
+        clock.t += 1
+        for ns in ("a", "b"):
+            uid = f"{ns}{i}"
+            if lim.check(uid, ["p", "q"], ns) is None:
+                lim.taken(uid, ["p", "q"], ns)
+                got.append(ns)
+    assert got == ["a", "b", "a", "b", "a", "b"]

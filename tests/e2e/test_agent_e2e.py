@@ -248,7 +248,7 @@ def comparable(status: dict[str, Any]) -> bytes:
 def fake_node(cluster, namespace):
     node = f"agent-{namespace[-6:]}"
     cluster.kubectl("apply", "-f", "-", input=json.dumps(node_manifest(node)))
-    cluster.kubectl("wait", "--for=condition=Ready", f"node/{node}", "--timeout=60s")
+    cluster.wait("--for=condition=Ready", f"node/{node}", timeout_s=60)
     yield node
     cluster.kubectl("delete", "node", node, "--wait=false", check=False)
     cluster.kubectl("delete", "nodegpuusage", node, "--wait=false", check=False)
@@ -265,7 +265,7 @@ def create_pods(cluster, namespace: str, node: str) -> dict[str, dict[str, Any]]
         pod_manifest("idle", node, ["main"], besteffort),
     ):
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
-    cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod", "--all", "--timeout=90s")
+    cluster.wait("-n", namespace, "--for=condition=Ready", "pod", "--all", timeout_s=90)
     pods = {
         p["metadata"]["name"]: p
         for p in json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]

@@ -140,8 +140,8 @@ def docs(cluster: Any) -> Iterator[Docs]:
              fake_node(NFD_NODE, {"feature.node.kubernetes.io/pci-0302_10de.present": "true"},
                        [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes))
-    cluster.kubectl("wait", "--for=condition=Ready", f"node/{CPU_NODE}", f"node/{NFD_NODE}",
-                    "--timeout=60s")
+    cluster.wait("--for=condition=Ready", f"node/{CPU_NODE}", f"node/{NFD_NODE}",
+                 timeout_s=60)
     try:
         d.run("namespace")
         yield d

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from vramguard_api.leak import Analysis, LeakResult
+from vramguard_api.leak.judgement import Judgement, Verdict
 from vramguard_api.units import format_bytes
 from vramguard_operator.cli.memlog import Series
 
@@ -62,10 +63,11 @@ def _can_print(text: str) -> bool:
     return True
 
 
-def plot(judged: Sequence[tuple[Series, Analysis, LeakResult]], path: Path, limit: int | None) -> None:
+def plot(judged: Sequence[tuple[Series, Analysis, LeakResult, Judgement]], path: Path, limit: int | None) -> None:
     """Draw every series' verdict into the PNG file ``path``, one panel each.
 
-    Raises ``PlotError`` when matplotlib is not installed or the file cannot be written."""
+    Raises ``PlotError`` when matplotlib is not installed, the file cannot be written,
+    or its name does not end in a format matplotlib writes (``.png``, ``.svg``, ``.pdf``...)."""
     try:
         import matplotlib
 
@@ -76,17 +78,19 @@ def plot(judged: Sequence[tuple[Series, Analysis, LeakResult]], path: Path, limi
     panels = max(1, len(judged))
     fig, axes = plt.subplots(panels, 1, figsize=(WIDTH_PX / DPI, PANEL_HEIGHT_PX * panels / DPI), squeeze=False)
     try:
-        for ax, (series, a, result) in zip(axes[:, 0], judged, strict=False):
-            _panel(ax, series, a, result, limit)
+        for ax, (series, a, result, j) in zip(axes[:, 0], judged, strict=False):
+            _panel(ax, series, a, result, j, limit)
         fig.tight_layout()
         fig.savefig(path, dpi=DPI)
     except OSError as err:
         raise PlotError(f"cannot write {path}: {err}") from None
+    except ValueError as err:  # matplotlib: "Format 'txt' is not supported (supported formats: ...)"
+        raise PlotError(f"{path}: {err}; name the file .png, .svg or .pdf") from None
     finally:
         plt.close(fig)
 
 
-def _panel(ax, series: Series, a: Analysis, result: LeakResult, limit: int | None) -> None:
+def _panel(ax, series: Series, a: Analysis, result: LeakResult, j: Judgement, limit: int | None) -> None:
     """One series: samples, floors, fit and band, restarts, projection (times in hours)."""
     hours = lambda t: np.asarray(t, dtype=float) / HOUR  # noqa: E731
     gib = lambda b: np.asarray(b, dtype=float) / GIB  # noqa: E731
@@ -111,9 +115,10 @@ def _panel(ax, series: Series, a: Analysis, result: LeakResult, limit: int | Non
             end = a.rise.end_t_seconds
             ax.plot(hours([end, end + ttl]), gib([a.rise.peak_bytes, limit]), "--", color="tab:red",
                     label=f"projection: {ttl / HOUR:.1f} h to the limit")
-    verdict = "leak" if result.leak else "no leak"
-    ax.set_title(f"{series.label}: {verdict}, growth {format_bytes(result.growth_bytes_per_hour)}/h "
-                 f"(95% lower bound {format_bytes(result.growth_low_bytes_per_hour)}/h)", fontsize=9)
+    growth = (f", growth {format_bytes(result.growth_bytes_per_hour)}/h "
+              f"(95% lower bound {format_bytes(result.growth_low_bytes_per_hour)}/h)") if a.rise is not None else ""
+    why = f"\n{j.detail}" if j.verdict is Verdict.UNDETERMINED else ""
+    ax.set_title(f"{series.label}: {j.text}{growth}{why}", fontsize=9)
     ax.set_xlabel("hours" + ("" if series.origin is None else f" since {series.origin:%Y/%m/%d %H:%M:%S}"))
     ax.set_ylabel("GiB")
     ax.legend(loc="upper left", fontsize=7)

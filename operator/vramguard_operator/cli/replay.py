@@ -16,6 +16,12 @@ features come from the agent's own history code with the agent's defaults
 300 s per pod with the agent's per-pod stagger, which follows from the pod's
 uid: ``pod_uid``), so the leak rule sees the features the agent would have
 reported at each sample. The run itself is ``replay_run``.
+
+After the decisions it gives each pod the verdict ``vramguard analyze`` would
+give its VRAM series (leak, no leak, or undetermined with the reason;
+``vramguard_api.leak.judgement``). Exit status (docs/cli.md, "Exit codes"):
+0, or 1 when ``--fail-on STEP`` is given and a decision took that step (dry
+run included: it is what would have happened), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -27,14 +33,17 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, get_args
 
 import yaml
 from pydantic import ValidationError
 
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S
+from vramguard_api.leak import analyse, verdict
+from vramguard_api.leak.judgement import Judgement, judge
 from vramguard_api.units import format_bytes, quantity_to_bytes
+from vramguard_operator.engine.outputs import DecisionAction
 from vramguard_operator.engine.types import Decision, DryRunStep, EngineConfig
 
 from .replay_run import TREND_WINDOW_S, ReplayError, Sample, replay_steps
@@ -63,14 +72,22 @@ class ReplayEvent:
             "violation": self.violation,
             "observed_bytes": self.observed_bytes,
             "limit_bytes": self.limit_bytes,
+            "message": self.message,
+            "dry_run": self.dry_run,
         }
+
+
+STEPS: tuple[str, ...] = get_args(DecisionAction)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``vramguard replay``."""
     parser.add_argument("--budget", required=True, type=Path, help="GPUMemoryBudget YAML file")
     parser.add_argument("--usage", required=True, type=Path, help="CSV: t_seconds,pod,vram_bytes[,ram_bytes]")
-    parser.add_argument("--json", action="store_true", help="print a JSON list of decisions")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: decisions and each pod's leak verdict")
+    parser.add_argument("--fail-on", metavar="STEP", choices=STEPS,
+                        help=f"exit 1 when any decision takes this step ({', '.join(STEPS)}), for CI")
     parser.add_argument(
         "--device-memory",
         default="80Gi",
@@ -87,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the replay; 0 on success, 2 on bad input (message on stderr)."""
+    """Run the replay; 0 on success, 1 when ``--fail-on`` STEP was taken, 2 on bad input (message on stderr)."""
     try:
         budget = load_budget(args.budget)
         samples = load_usage(args.usage)
@@ -96,12 +113,33 @@ def run(args: argparse.Namespace) -> int:
     except (ReplayError, ValueError, OSError) as err:
         print(f"vramguard replay: {err}", file=sys.stderr)
         return 2
+    verdicts = pod_verdicts(samples)
     if args.json:
-        json.dump([e.to_json() for e in events], sys.stdout, indent=1)
+        json.dump({"decisions": [e.to_json() for e in events],
+                   "pods": [{"pod": pod, "verdict": j.verdict.value, "reason": j.reason and j.reason.value,
+                             "detail": j.detail or None} for pod, j in verdicts.items()]},
+                  sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print_table(events, sys.stdout)
-    return 0
+        for pod, j in verdicts.items():
+            print(f"{pod}: leak: {j.text}" + (f": {j.detail}" if j.detail else ""))
+    return 1 if args.fail_on is not None and any(e.action == args.fail_on for e in events) else 0
+
+
+def pod_verdicts(samples: Sequence[Sample]) -> dict[str, Judgement]:
+    """Each pod's leak verdict on its VRAM series (unknown values as NaN), with the
+    detector's default thresholds, as ``vramguard analyze`` gives it; pods in order of first row."""
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for s in samples:
+        times, values = series.setdefault(s.pod, ([], []))
+        times.append(s.t)
+        values.append(float("nan") if s.vram is None else float(s.vram))
+    out = {}
+    for pod, (times, values) in series.items():
+        a = analyse(times, values)
+        out[pod] = judge(a, verdict(a))
+    return out
 
 
 # --- input ---------------------------------------------------------------------------

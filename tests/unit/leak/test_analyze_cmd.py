@@ -68,6 +68,9 @@ def test_plain_csv_leak_with_limit(capsys):
     [obj] = objects(out)
     assert set(obj) == {
         "series",
+        "verdict",
+        "reason",
+        "detail",
         "leak",
         "growth_bytes_per_hour",
         "growth_low_bytes_per_hour",
@@ -78,7 +81,8 @@ def test_plain_csv_leak_with_limit(capsys):
         "too_short",
         "needed_seconds",
     }
-    assert obj["leak"] is True and obj["samples"] == trace(LEAKING).t.size
+    assert obj["leak"] is True and obj["verdict"] == "Leak" and obj["reason"] is None
+    assert obj["samples"] == trace(LEAKING).t.size
     assert obj["growth_bytes_per_hour"] == pytest.approx(
         trace(LEAKING).rate_bytes_per_hour, rel=0.1
     )
@@ -307,14 +311,42 @@ def test_a_short_log_is_too_short_to_judge_and_says_how_much_is_needed(tmp_path,
     path = tmp_path / "short.csv"
     path.write_text("t_seconds,bytes\n" + "".join(f"{t},{int(v)}\n" for t, v in zip(tr.t[short], tr.v[short], strict=True)))
     code, out, _ = analyze(capsys, str(path))
-    assert code == 0 and "leak: no" in out
-    [line] = [x for x in out.splitlines() if "too short to judge" in x]
+    assert code == 3 and "leak: undetermined (too short)" in out and "leak: no" not in out
+    [line] = [x for x in out.splitlines() if "cannot judge" in x]
     assert f"{int(short.sum())} samples over" in line and "are needed to call a leak at this noise" in line
     code, out, _ = analyze(capsys, str(path), "--json")
     [obj] = objects(out)
+    assert code == 3 and (obj["verdict"], obj["reason"]) == ("Undetermined", "TooShort")
     assert obj["too_short"] is True and 7 * 60 < obj["needed_seconds"] <= 30 * 60
     code, out, _ = analyze(capsys, str(CORPUS / FLAT), "--json")
-    assert objects(out)[0]["too_short"] is False
+    assert code == 0 and objects(out)[0]["too_short"] is False and objects(out)[0]["verdict"] == "NoLeak"
+
+
+def test_memory_that_doubles_in_seconds_is_undetermined_not_no_leak(tmp_path, capsys):
+    path = tmp_path / "fast.csv"
+    path.write_text("t_seconds,bytes\n" + "".join(f"{t},{(1 + t / 19) * GIB:.0f}\n" for t in range(20)))
+    code, out, _ = analyze(capsys, str(path), "--json")
+    [obj] = objects(out)
+    assert code == 3 and (obj["verdict"], obj["reason"]) == ("Undetermined", "TooShort") and obj["leak"] is False
+
+
+def test_a_log_of_unknown_values_has_no_usable_values(tmp_path, capsys):
+    path = tmp_path / "na.csv"
+    path.write_text(gpu_log(FLAT).splitlines()[0] + "\n" + "".join(
+        f"2026/01/01 00:{m:02d}:00.000, [N/A]\n" for m in range(30)))
+    code, out, _ = analyze(capsys, str(path))
+    assert code == 3 and "leak: undetermined (no usable values)" in out and "growth" not in out
+    code, out, _ = analyze(capsys, str(path), "--json")
+    [obj] = objects(out)
+    assert (obj["verdict"], obj["reason"], obj["growth_bytes_per_hour"]) == ("Undetermined", "NoUsableValues", None)
+
+
+def test_a_few_samples_hours_apart_are_too_sparse_or_too_short_never_no_leak(tmp_path, capsys):
+    path = tmp_path / "sparse.csv"
+    path.write_text("t_seconds,bytes\n" + "".join(f"{h * 3600},{20 * GIB}\n" for h in range(4)))
+    code, out, _ = analyze(capsys, str(path), "--json")
+    [obj] = objects(out)
+    assert code == 3 and obj["verdict"] == "Undetermined" and obj["reason"] in ("TooSparse", "TooShort")
 
 
 def test_text_output_has_a_sparkline_of_the_floor(capsys):

@@ -97,6 +97,12 @@ RESOURCES = [
         "named after the node and written only by that node's agent.",
         columns=[
             {"name": "Node", "type": "string", "jsonPath": ".spec.nodeName"},
+            {"name": "Healthy", "type": "string", "jsonPath": '.status.conditions[?(@.type=="AgentHealthy")].status',
+             "description": "the AgentHealthy condition: False when no device can be read"},
+            {"name": "Devices", "type": "integer", "jsonPath": ".status.healthyDevices",
+             "description": "devices that answered NVML"},
+            {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="AgentHealthy")].reason',
+             "priority": 1},
             {"name": "Backend", "type": "string", "jsonPath": ".status.agent.backend"},
             {"name": "Sampled", "type": "date", "jsonPath": ".status.sampleTime"},
             _AGE,

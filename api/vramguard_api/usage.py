@@ -289,6 +289,11 @@ class NodeGPUUsageStatus(APIModel):
         default_factory=list, max_length=MAX_UNATTRIBUTED, description="GPU processes in no pod."
     )
     truncated: bool = Field(default=False, description="True when lists were cut to their size bounds.")
+    healthy_devices: int | None = Field(
+        default=None, alias="healthyDevices", ge=0, le=MAX_DEVICES,
+        description="Devices that answered NVML in this sample (health Healthy); 0 when the agent can read none "
+        "(its AgentHealthy condition says why, and its readiness fails).",
+    )
 
 
 class NodeGPUUsage(APIModel):

@@ -218,7 +218,7 @@ class Agent:
         self.metrics.update(Snapshot(self.cfg.node_name, result.report, result.container_devices))
         self.metrics.healthy_devices.labels(self.cfg.node_name).set(sum(d.health == "Healthy" for d in result.report.devices))
         self.health.sampled = True
-        self.health.unreadable = result.report.unreadable
+        self.health.unreadable = result.unreadable
         self._publish(result)
         return result
 
@@ -240,7 +240,7 @@ class Agent:
         if reporter.publish(status):
             log.debug("report written: %s", decision.reason)
             self.last_written, self.last_written_at = current, now
-            self._explain_health(result.report.unreadable)
+            self._explain_health(result.unreadable)
             self.metrics.writes.labels("ok").inc()
             self.metrics.last_write.set(time.time())
         else:

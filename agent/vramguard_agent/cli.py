@@ -107,7 +107,7 @@ def cmd_once(**params: Any) -> int:
         parts.close()
     json.dump(result.status.to_api(), sys.stdout, indent=2 if params["pretty"] else None)
     sys.stdout.write("\n")
-    why = result.report.unreadable
+    why = result.unreadable
     if why is not None:
         print(f"vramguard-agent once: no GPU device can be read: {why}", file=sys.stderr)
         return 1

@@ -346,17 +346,6 @@ class NodeReport:
             )
         return self._status
 
-    @property
-    def unreadable(self) -> str | None:
-        """Why no device can be read in this report (NVML unavailable, or no device
-        Healthy), from its AgentHealthy condition; None when at least one can."""
-        if any(d.health == "Healthy" for d in self.devices):
-            return None
-        healthy = next((c for c in self.conditions if c.type == C.AGENT_HEALTHY), None)
-        if healthy is not None and healthy.status == "False":
-            return f"{healthy.reason}: {healthy.message}"
-        return "no GPU device found"
-
 
 def _pod_usage(p: PodEntry) -> PodUsage:
     return PodUsage(

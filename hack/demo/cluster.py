@@ -41,6 +41,11 @@ class Cluster:
             input=input, capture_output=True, text=True, check=check, timeout=180,
         )
 
+    @staticmethod
+    def kubectl_command() -> str:
+        """The path of the kubectl built at the cluster's version, for commands printed to a person."""
+        return localkube.kubectl_binary()
+
     def ensure(self) -> None:
         """Start the cluster with hack/cluster/up.sh (which reuses one that is up); RuntimeError when it fails."""
         kubeconfig = os.environ.get("VG_KUBECONFIG") or str(CACHE / "kubeconfig")

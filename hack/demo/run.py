@@ -43,10 +43,8 @@ ROOT = HERE.parents[1]
 SOURCE_ROOTS = [str(ROOT / d) for d in ("api", "operator", "agent")]
 sys.path[:0] = [str(HERE), str(ROOT / "hack" / "cluster"), *SOURCE_ROOTS]
 
-# The runner's parts, next to it in hack/demo/: plan (pure), oom, dra, cluster, children, view;
-# hack/cluster/localkube.py gives them the cluster's kubectl.
+# The runner's parts, next to it in hack/demo/: plan (pure), oom, dra, cluster, children, view.
 import dra  # noqa: E402
-import localkube  # noqa: E402
 import oom  # noqa: E402
 import plan as P  # noqa: E402
 import realnode  # noqa: E402
@@ -338,7 +336,7 @@ class Demo:
         if self.cluster.api is None:
             return
         if self.args.keep and self.live_started:
-            kubeconfig, kubectl = self.cluster.kubeconfig, f"{localkube.kubectl_binary()} --kubeconfig"
+            kubeconfig, kubectl = self.cluster.kubeconfig, f"{self.cluster.kubectl_command()} --kubeconfig"
             print(f"\n--keep: the cluster and the demo's objects are left as they are "
                   f"(KUBECONFIG={kubeconfig}); look around with\n"
                   f"  vramguard top -A --kubeconfig {kubeconfig}\n"

@@ -152,6 +152,10 @@ def _backend(
 ) -> tuple[GPUBackend, Path, Path, Callable[[], dict[str, PodMeta]], Callable[[], dict[str, str]]]:
     proc_root = cfg.proc_root or Path("/proc")
     cgroup_root = cfg.cgroup_root or Path("/sys/fs/cgroup")
+    for flag, given in (("--proc-root", cfg.proc_root), ("--cgroup-root", cfg.cgroup_root)):
+        if given is not None and not given.is_dir():  # checked here, not at parse time: the pod's paths
+            raise ValueError(f"{flag} {given}: no such directory (want the host's "
+                             f"{'/proc' if flag == '--proc-root' else 'cgroup mount'}, mounted into the agent)")
     api_pods: Callable[[], dict[str, PodMeta]] = index.snapshot if index is not None else dict
     if cfg.backend == "nvml":
         from .nvml import NVMLBackend

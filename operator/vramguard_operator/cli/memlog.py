@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from vramguard_api.units import MAX_BYTES
+
 # nvidia-smi writes "[N/A]", "[Not Supported]", "[Insufficient Permissions]"... for unknown values.
 _UNKNOWN = re.compile(r"^\[.*\]$|^N/A$", re.IGNORECASE)
 _UNIT_BYTES = {"B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -119,6 +121,8 @@ def _read_plain(rows: list[tuple[int, list[str]]], label: str, interval_s: float
         value = _memory(text, unit, line) if with_unit and with_unit.group(2) else _number(text, line, "bytes") * unit
         if value < 0:
             raise LogError(f"line {line}: bytes must not be negative, got {text!r}")
+        if value > MAX_BYTES:
+            raise LogError(f"line {line}: bytes {text!r} is above the maximum of 8Pi (2^53 bytes)")
         if previous is not None and t <= previous:
             raise LogError(f"line {line}: {columns.split(',')[0]} must increase, got {t:g} after {previous:g}")
         previous = t
@@ -219,7 +223,10 @@ def _memory(text: str, unit: int, line: int) -> float:
     if not match:
         raise LogError(f"line {line}: bad memory value {text!r} (want e.g. 1234 MiB)")
     scale = _UNIT_BYTES[match.group(2).upper()] if match.group(2) else unit
-    return float(match.group(1)) * scale
+    value = float(match.group(1)) * scale
+    if value > MAX_BYTES:
+        raise LogError(f"line {line}: memory value {text!r} is above the maximum of 8Pi (2^53 bytes)")
+    return value
 
 
 def _timestamp(text: str) -> datetime | None:

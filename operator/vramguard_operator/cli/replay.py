@@ -39,10 +39,12 @@ import yaml
 from pydantic import ValidationError
 
 from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.cliargs import duration_arg, one_line
+from vramguard_api.explain import validation_error
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S
 from vramguard_api.leak import analyse, verdict
 from vramguard_api.leak.judgement import Judgement, judge
-from vramguard_api.units import format_bytes, quantity_to_bytes
+from vramguard_api.units import MAX_BYTES, format_bytes, format_seconds, quantity_to_bytes
 from vramguard_operator.engine.outputs import DecisionAction
 from vramguard_operator.engine.types import Decision, DryRunStep, EngineConfig
 
@@ -78,6 +80,7 @@ class ReplayEvent:
 
 
 STEPS: tuple[str, ...] = get_args(DecisionAction)
+MAX_T_SECONDS = 10 * 365 * 86400.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,9 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--trend-window",
-        type=float,
+        metavar="DURATION",
+        type=duration_arg("--trend-window", legacy_unit_s=1.0, positive=True, maximum_s=30 * 86400.0),
         default=TREND_WINDOW_S,
-        help=f"seconds of history for leak trend features (default {TREND_WINDOW_S:.0f}, the agent's); as in the"
+        help=f"history for leak trend features (default {format_seconds(TREND_WINDOW_S)}, the agent's; a bare"
+        " number of seconds is deprecated); as in the"
         f" agent, {DEFAULT_MAX_POINTS} points per history, features recomputed every"
         f" {DEFAULT_TREND_INTERVAL_S:.0f} s per pod",
     )
@@ -148,11 +153,13 @@ def pod_verdicts(samples: Sequence[Sample]) -> dict[str, Judgement]:
 def load_budget(path: Path) -> GPUMemoryBudget:
     """The first GPUMemoryBudget document of a YAML file; metadata defaults to
     ``replay/<file stem>``. Raises ``ReplayError`` naming the file and field."""
-    with path.open() as f:
+    with path.open(encoding="utf-8") as f:
         try:
             docs = [d for d in yaml.safe_load_all(f) if d]
         except yaml.YAMLError as err:
-            raise ReplayError(f"{path}: invalid YAML: {err}") from None
+            raise ReplayError(f"{path}: invalid YAML: {one_line(str(err))}") from None
+        except UnicodeDecodeError as err:
+            raise ReplayError(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
     doc = next((d for d in docs if isinstance(d, dict) and d.get("kind") == "GPUMemoryBudget"), None)
     if doc is None:
         raise ReplayError(f"{path}: no GPUMemoryBudget document")
@@ -167,15 +174,18 @@ def load_budget(path: Path) -> GPUMemoryBudget:
     try:
         return GPUMemoryBudget.model_validate(doc)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ReplayError(f"{path}: {where}: {first['msg']}") from None
+        raise ReplayError(f"{path}: {validation_error(err, GPUMemoryBudget)}") from None
 
 
 def load_usage(path: Path) -> list[Sample]:
-    """Read the usage CSV. Raises ``ReplayError`` naming the line and field."""
-    with path.open(newline="") as f:
-        return parse_usage(f, str(path))
+    """Read the usage CSV. Raises ``ReplayError`` naming the file, line and field."""
+    with path.open(newline="", encoding="utf-8") as f:
+        try:
+            return parse_usage(f, str(path))
+        except UnicodeDecodeError as err:
+            raise ReplayError(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
+        except csv.Error as err:
+            raise ReplayError(f"{path}: not a CSV file ({err})") from None
 
 
 def parse_usage(f: Iterable[str], name: str = "usage") -> list[Sample]:
@@ -193,6 +203,9 @@ def parse_usage(f: Iterable[str], name: str = "usage") -> list[Sample]:
             t = float(row["t_seconds"])
         except (TypeError, ValueError):
             raise ReplayError(f"{name}:{line}: t_seconds: not a number: {row['t_seconds']!r}") from None
+        if not 0 <= t <= MAX_T_SECONDS:
+            raise ReplayError(f"{name}:{line}: t_seconds: {row['t_seconds']!r} is not in [0, {MAX_T_SECONDS:.0f}]"
+                              " (seconds from the start of the recording, at most 10 years)")
         pod = (row["pod"] or "").strip()
         if not pod:
             raise ReplayError(f"{name}:{line}: pod: empty")
@@ -204,6 +217,8 @@ def parse_usage(f: Iterable[str], name: str = "usage") -> list[Sample]:
                 _bytes(row.get("ram_bytes"), name, line, "ram_bytes"),
             )
         )
+    if not out:
+        raise ReplayError(f"{name}: no samples (a header and no rows): want t_seconds,pod,vram_bytes rows")
     out.sort(key=lambda s: s.t)
     return out
 
@@ -214,9 +229,11 @@ def _bytes(value: str | None, name: str, line: int, field: str) -> int | None:
     try:
         number = float(value)
     except ValueError:
-        raise ReplayError(f"{name}:{line}: {field}: not a number: {value!r}") from None
+        raise ReplayError(f"{name}:{line}: {field}: not a number: {value!r} (want bytes, e.g. 21474836480)") from None
     if number < 0:
         raise ReplayError(f"{name}:{line}: {field}: negative: {value!r}")
+    if not number <= MAX_BYTES:  # also NaN and inf (1e400)
+        raise ReplayError(f"{name}:{line}: {field}: {value!r} is above the maximum of 8Pi (2^53 bytes)")
     return int(number)
 
 

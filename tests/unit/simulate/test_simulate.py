@@ -195,7 +195,11 @@ def test_the_command_prints_both_runs_as_json(capsys, tmp_path):
         (["--mix", "training=1,gaming=2"], "--mix: 'gaming=2'"),
         (["--mix", "training=0"], "gives every kind 0"),
         (["--nodes", "tpu=3"], "--nodes: 'tpu=3'"),
-        (["--hours", "0"], "hours: 0.0"),
+        (["--hours", "0"], "'0': want a duration above 0s"),
+        (["--duration", "9000h"], "'9000h': want at most 8760h"),
+        (["--nodes", "99999999999"], "--nodes: '99999999999' is 99999999999 nodes, above the maximum of 10000"),
+        (["--seed", "-1"], "'-1': want a whole number from 0 to 4294967295"),
+        (["--tick", "0s"], "'0s': want a duration above 0s"),
         (["--policy", "/nonexistent.yaml"], "--policy /nonexistent.yaml"),
     ],
 )

@@ -360,8 +360,15 @@ def test_printer_columns(cluster, namespace):
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(valid_budget(namespace, "cols")))
     header = cluster.kubectl("get", "gmb", "-n", namespace).stdout.splitlines()[0].split()
     assert header == ["NAME", "MODE", "PODS", "VRAM", "VIOLATIONS", "AGE"]
+    # MODE is the mode in force (status.effectiveMode, written by the operator): here a
+    # policy's DryRun over the spec's Enforce, which -o wide shows beside where it came from.
+    cluster.kubectl("patch", "gmb", "-n", namespace, "cols", "--subresource=status", "--type=merge", "-p",
+                    json.dumps({"status": {"effectiveMode": "DryRun", "modeSource": "policy/audit"}}))
     row = cluster.kubectl("get", "gmb", "-n", namespace, "cols").stdout.splitlines()[1].split()
-    assert row[:2] == ["cols", "Enforce"]
+    assert row[:2] == ["cols", "DryRun"]
+    wide = cluster.kubectl("get", "gmb", "-n", namespace, "cols", "-o", "wide").stdout.splitlines()
+    columns = dict(zip(wide[0].split(), wide[1].split(), strict=False))
+    assert (columns["MODE-SOURCE"], columns["SPEC-MODE"]) == ("policy/audit", "Enforce")
     categories = cluster.kubectl("get", "vramguard", "-A").stdout
     assert "gpumemorybudget.vramguard.io/cols" in categories
 

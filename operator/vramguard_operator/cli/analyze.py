@@ -47,13 +47,14 @@ EXIT_NO_LEAK, EXIT_LEAK, EXIT_BAD_INPUT, EXIT_UNDETERMINED = 0, 1, 2, 3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``vramguard analyze``."""
     parser.add_argument(
-        "file", metavar="FILE", type=Path, help="memory log: t_seconds,bytes CSV, step-indexed CSV or nvidia-smi CSV"
+        "file", metavar="FILE", type=Path,
+        help="memory log: t_seconds,bytes CSV, step-indexed CSV or nvidia-smi CSV; - reads stdin"
     )
     parser.add_argument(
         "--limit",
         metavar="QUANTITY",
         type=_quantity("--limit"),
-        help="project the time until this (e.g. 80Gi)",
+        help="project the time until this (e.g. 80Gi; default the device's memory.total when the log has it)",
     )
     parser.add_argument("--pid", type=int, help="analyze only this process (nvidia-smi --query-compute-apps logs)")
     parser.add_argument(
@@ -108,10 +109,11 @@ def run(args: argparse.Namespace) -> int:
     judged = []
     for s in series:
         a = analyse(s.times, s.values)
-        result = verdict(a, limit_bytes=args.limit, **thresholds)
+        limit = args.limit if args.limit is not None else (None if s.total is None else int(s.total))
+        result = verdict(a, limit_bytes=limit, **thresholds)
         j = judge(a, result, **thresholds)
         judged.append((s, a, result, j))
-        print(json.dumps(to_json(s, a, result, j)) if args.json else describe(s, a, result, j, args.limit))
+        print(json.dumps(to_json(s, a, result, j)) if args.json else describe(s, a, result, j, limit))
     if args.plot is not None:
         try:
             plot(judged, args.plot, args.limit)

@@ -79,7 +79,8 @@ def plot(judged: Sequence[tuple[Series, Analysis, LeakResult, Judgement]], path:
     fig, axes = plt.subplots(panels, 1, figsize=(WIDTH_PX / DPI, PANEL_HEIGHT_PX * panels / DPI), squeeze=False)
     try:
         for ax, (series, a, result, j) in zip(axes[:, 0], judged, strict=False):
-            _panel(ax, series, a, result, j, limit)
+            own = limit if limit is not None else (None if series.total is None else int(series.total))
+            _panel(ax, series, a, result, j, own)
         fig.tight_layout()
         fig.savefig(path, dpi=DPI)
     except OSError as err:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -48,6 +49,7 @@ class Series:
     values: list[float] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
     origin: datetime | None = None  # wall-clock time of t = 0 (nvidia-smi logs)
+    total: float | None = None  # the device's memory.total (bytes), when the log has that column
 
     def add(self, t: float, value: float, line: int) -> None:
         """Append a sample; a second sample at the same time adds to it (one pid on two GPUs)."""
@@ -69,8 +71,9 @@ def read_log(path: Path, interval_s: float | None = None) -> list[Series]:
 
     ``interval_s``: seconds per step of a step-indexed log (a ``step`` or
     ``iteration`` column, or no time column at all); such a log without it, or a
-    log with timestamps given one, is an error that says so."""
-    rows = list(_rows(path.read_text(encoding="utf-8")))
+    log with timestamps given one, is an error that says so. ``-`` reads stdin."""
+    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    rows = list(_rows(text))
     if not rows:
         raise LogError("no samples")
     first = rows[0][1]
@@ -143,6 +146,7 @@ def _read_nvidia_smi(rows: list[tuple[int, list[str]]]) -> list[Series]:
             f"or memory.used columns, got {', '.join(header)}"
         )
     unit = _header_unit(header[memory])
+    total = columns.get("memory.total")
     series: dict[tuple[str, ...], Series] = {}
     origin: datetime | None = None
     loop_start, ordinal = None, 0
@@ -163,6 +167,8 @@ def _read_nvidia_smi(rows: list[tuple[int, list[str]]]) -> list[Series]:
         key, label, pid = _series_key(fields, columns, ordinal)
         s = series.setdefault(key, Series(label=label, pid=pid, origin=origin))
         s.add((stamp - origin).total_seconds(), _memory(fields[memory], unit, line), line)
+        if total is not None and not math.isnan(size := _memory(fields[total], _header_unit(header[total]), line)):
+            s.total = size
     if not series:
         raise LogError("no samples")
     return list(series.values())

@@ -29,9 +29,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO, get_args
 
@@ -264,12 +266,23 @@ def _events(t: float, decisions: Iterable[Decision]) -> Iterable[ReplayEvent]:
             violation=d.violation.kind,
             observed_bytes=d.observed_bytes,
             limit_bytes=d.limit_bytes,
-            message=d.event.message,
+            message=relative_times(d.event.message),
             dry_run=isinstance(d, DryRunStep),
         )
 
 
 # --- output ---------------------------------------------------------------------------
+
+# The engine's messages carry RFC 3339 times; the replay's clock starts at the Unix epoch.
+_STAMP = re.compile(r"\b(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z)")
+
+
+def relative_times(message: str) -> str:
+    """``message`` with each RFC 3339 time (the replay's clock: seconds since the
+    recording's t=0 as Unix time) written as ``t=8m`` from the start of the log."""
+    return _STAMP.sub(lambda m: "t=" + format_seconds(
+        datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()), message)
+
 
 
 def print_table(events: Sequence[ReplayEvent], out: TextIO) -> None:

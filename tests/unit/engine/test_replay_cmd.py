@@ -191,3 +191,9 @@ def test_each_pod_gets_the_leak_verdict_analyze_would_give(capsys, tmp_path):
     assert (pods["blank"]["verdict"], pods["blank"]["reason"]) == ("Undetermined", "NoUsableValues")
     rc, out, _ = replay(capsys, "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(usage))
     assert "short: leak: undetermined (too short): 6 samples over" in out
+
+
+def test_times_in_messages_are_relative_to_the_start_of_the_log(capsys):
+    rc, out, _ = replay(capsys, "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(EXAMPLE / "usage.csv"))
+    assert rc == 0 and "1970" not in out
+    assert "above its PodVRAM limit 20Gi since t=4m. Annotated. Next: Throttle at t=11m." in out

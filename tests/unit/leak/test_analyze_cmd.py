@@ -391,3 +391,17 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatc
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     code, _, err = analyze(capsys, str(CORPUS / FLAT), "--plot", str(tmp_path / "x.png"))
     assert code == 2 and "pip install 'vramguard[plot]'" in err and not (tmp_path / "x.png").exists()
+
+
+def test_stdin_and_the_limit_from_memory_total(tmp_path):
+    """``-`` reads the log from stdin; a --query-gpu log with memory.total projects to it
+    without --limit (the device's memory is the limit a leak runs into)."""
+    tr = trace(LEAKING)
+    lines = ["timestamp, memory.used [MiB], memory.total [MiB]"]
+    lines += [f"{stamp(t)}, {v / MIB:.0f} MiB, 40960 MiB" for t, v in zip(tr.t, tr.v, strict=True)]
+    out = subprocess.run(
+        [sys.executable, "-m", "vramguard_operator", "analyze", "-"], input="\n".join(lines) + "\n",
+        cwd=ROOT, capture_output=True, text=True, env={"PYTHONPATH": "api:operator:agent", "PATH": ""},
+    )
+    assert out.returncode == 1, out.stderr
+    assert "time to limit 40Gi: " in out.stdout and "not projected" not in out.stdout

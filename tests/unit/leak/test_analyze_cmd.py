@@ -405,3 +405,39 @@ def test_stdin_and_the_limit_from_memory_total(tmp_path):
     )
     assert out.returncode == 1, out.stderr
     assert "time to limit 40Gi: " in out.stdout and "not projected" not in out.stdout
+
+
+@pytest.mark.parametrize(("span_s", "peak", "want"), [
+    (19, 3 * GIB, ("seconds", "GiB")), (600, 500 * MIB, ("minutes", "MiB")), (6 * 3600, 30 * GIB, ("hours", "GiB")),
+    (7199, 512, ("minutes", "bytes")),
+])
+def test_plot_axes_are_in_units_that_suit_the_span(span_s, peak, want):
+    from vramguard_operator.cli.analyze_plot import axis_units
+
+    (_, time_name), (_, size_name) = axis_units(span_s, peak)
+    assert (time_name, size_name) == want
+
+
+def test_the_plot_axis_fits_the_data_with_a_far_limit(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from vramguard_operator.cli import analyze_plot
+
+    shown: list[tuple[float, float]] = []
+    original = analyze_plot._panel
+
+    def spy(ax, *args):
+        original(ax, *args)
+        shown.append(ax.get_xlim())
+
+    analyze_plot._panel = spy
+    try:
+        code, out, _ = analyze(capsys, str(CORPUS / LEAKING), "--limit", "200Gi", "--plot", str(tmp_path / "p.png"))
+    finally:
+        analyze_plot._panel = original
+        plt.close("all")
+    span_h = float(trace(LEAKING).t[-1] - trace(LEAKING).t[0]) / 3600
+    assert code == 1 and f"plot written to {tmp_path / 'p.png'}" in out
+    [(left, right)] = shown
+    assert left == pytest.approx(0, abs=0.01) and right == pytest.approx(span_h, rel=0.01)  # not 110 h

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from vramguard_api.cliargs import duration_arg
 from vramguard_operator.simulate.nodes import parse_nodes
@@ -67,6 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the runs' figures as JSON")
 
 
+def progress_line(hours: float, caps: bool) -> Callable[[str, float], None]:
+    """A progress line on stderr, rewritten in place (a terminal): the run (1 of 3: vramguard off,
+    on, with caps) and the simulated hours done."""
+    runs = ("off", "on", "caps") if caps else ("off", "on")
+    names = {"off": "vramguard off", "on": "vramguard on", "caps": "on, with caps"}
+
+    def show(run: str, done: float) -> None:
+        sys.stderr.write(f"\rsimulate: run {runs.index(run) + 1} of {len(runs)} ({names[run]}): "
+                         f"{done:.0f}h of {hours:g}h simulated ")
+        sys.stderr.flush()
+
+    return show
+
+
 def _seed(text: str) -> int:
     """A seed in [0, 2^32) (numpy's SeedSequence takes any, but a bound keeps the flag's type honest)."""
     if not text.strip().isdigit() or int(text) >= 2**32:
@@ -95,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"vramguard simulate: {err}", file=sys.stderr)
         return 2
     assert config.policy is not None
-    result = compare(config, config.policy, caps=args.caps)
+    show = progress_line(config.hours, args.caps) if sys.stderr.isatty() and not args.json else None
+    result = compare(config, config.policy, caps=args.caps, progress=show)
+    if show is not None:
+        sys.stderr.write("\n")
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -90,6 +90,11 @@ CASES = [
      "above the maximum of 10000"),
     ("simulate-negative-duration", [*VRAMGUARD, "simulate", "--duration", "-1h"], {}, 2, "--duration"),
     ("simulate-huge-seed", [*VRAMGUARD, "simulate", "--seed", "99999999999"], {}, 2, "want a whole number from 0"),
+    ("top-dead-api-server", [*VRAMGUARD, "top", "-A", "--kubeconfig", "{tmp}/kc"],
+     {"kc": "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+            "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+            "users: [{name: u, user: {token: x}}]\n"}, 1,
+     "cannot read the cluster at https://127.0.0.1:1: "),
     ("vramguard-unknown-command", [*VRAMGUARD, "analyse"], {}, 2, "No such command 'analyse'"),
     ("operator-without-kubeconfig", [*VRAMGUARD, "operator"], {}, 1, "no Kubernetes credentials"),
     ("operator-bad-duration", [*VRAMGUARD, "operator", "--evaluation-period", "5"], {}, 2,

@@ -101,7 +101,7 @@ CASES = [
      "--evaluation-period"),
     ("agent-missing-scenario", [*AGENT, "once", "--backend", "sim", "--scenario", "{tmp}/missing.yaml"], {}, 2,
      "--scenario {tmp}/missing.yaml: cannot read it: No such file or directory"),
-    ("agent-missing-proc-root", [*AGENT, "once", "--proc-root", "/nonexistent"], {}, 2,
+    ("agent-missing-proc-root", [*AGENT, "once", "--node", "n", "--proc-root", "/nonexistent"], {}, 2,
      "--proc-root /nonexistent: no such directory"),
     ("agent-bad-scenario", [*AGENT, "once", "--backend", "sim", "--scenario", "{tmp}/s.yaml", "--node", "n"],
      {"s.yaml": "nodes:\n- name: n\n  gpus: [{model: x, memory: 20GB}]\n"}, 2,

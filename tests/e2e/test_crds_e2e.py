@@ -368,7 +368,7 @@ def test_printer_columns(cluster, namespace):
     assert row[:2] == ["cols", "DryRun"]
     wide = cluster.kubectl("get", "gmb", "-n", namespace, "cols", "-o", "wide").stdout.splitlines()
     columns = dict(zip(wide[0].split(), wide[1].split(), strict=False))
-    assert (columns["MODE-SOURCE"], columns["SPEC-MODE"]) == ("policy/audit", "Enforce")
+    assert (columns.get("MODE-SOURCE"), columns.get("SPEC-MODE")) == ("policy/audit", "Enforce"), wide
     categories = cluster.kubectl("get", "vramguard", "-A").stdout
     assert "gpumemorybudget.vramguard.io/cols" in categories
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -367,8 +368,10 @@ def test_printer_columns(cluster, namespace):
     row = cluster.kubectl("get", "gmb", "-n", namespace, "cols").stdout.splitlines()[1].split()
     assert row[:2] == ["cols", "DryRun"]
     wide = cluster.kubectl("get", "gmb", "-n", namespace, "cols", "-o", "wide").stdout.splitlines()
-    columns = dict(zip(wide[0].split(), wide[1].split(), strict=False))
-    assert (columns.get("MODE-SOURCE"), columns.get("SPEC-MODE")) == ("policy/audit", "Enforce"), wide
+    starts = [(m.group(), m.start()) for m in re.finditer(r"\S+", wide[0])]  # empty cells are blank: cut by header
+    columns = {name: wide[1][at:(starts[i + 1][1] if i + 1 < len(starts) else None)].strip()
+               for i, (name, at) in enumerate(starts)}
+    assert (columns["MODE-SOURCE"], columns["SPEC-MODE"]) == ("policy/audit", "Enforce"), wide
     categories = cluster.kubectl("get", "vramguard", "-A").stdout
     assert "gpumemorybudget.vramguard.io/cols" in categories
 

@@ -141,6 +141,7 @@ class Agent:
         self.last_written_at: float | None = None
         self.ends_written = 0  # the newest end record written
         self.ends_restored = False
+        self.explained: str | None | bool = False  # the last ``unreadable`` an Event explained (False: none yet)
         caps = parts.caps
         if caps is not None:
             caps.on_operation = lambda op, result: self.metrics.memory_limit_calls.labels(op, result).inc()
@@ -160,7 +161,9 @@ class Agent:
         self.metrics.samples.labels("ok" if result.backend_error is None else "backend-unavailable").inc()
         self.metrics.last_sample.set(time.time())
         self.metrics.update(Snapshot(self.cfg.node_name, result.report, result.container_devices))
+        self.metrics.healthy_devices.labels(self.cfg.node_name).set(sum(d.health == "Healthy" for d in result.report.devices))
         self.health.sampled = True
+        self.health.unreadable = result.unreadable
         self._publish(result)
         return result
 
@@ -192,10 +195,33 @@ class Agent:
                 self.ends_written = ends.last_id
             ends.acknowledge(acknowledged_id(reporter.last_object))
             self.last_written, self.last_written_at = current, now
+            self._explain_health(result.unreadable)
             self.metrics.writes.labels("ok").inc()
             self.metrics.last_write.set(time.time())
         else:
             self.metrics.writes.labels("error").inc()
+
+    def _explain_health(self, unreadable: str | None) -> None:
+        """An Event on the report when the agent starts reading no device (Warning) or reads one again
+        (Normal); once per change, not per write. The first report explains itself only when unreadable."""
+        reporter = self.parts.reporter
+        if reporter is None:
+            return
+        if unreadable is None and not isinstance(self.explained, str):  # readable, and nothing to take back
+            self.explained = None
+            return
+        if unreadable is not None and isinstance(self.explained, str):  # explained already
+            return
+        if unreadable is not None:
+            sent = reporter.event("Warning", "NoReadableDevice",
+                                  f"no GPU device can be read on node {self.cfg.node_name} ({unreadable}): "
+                                  "nothing on this node is measured or enforced, and the agent is not ready. "
+                                  "Check the pod's runtime class and the NVIDIA driver, then the agent's log.")
+        else:
+            sent = reporter.event("Normal", "DevicesReadable",
+                                  f"GPU devices can be read again on node {self.cfg.node_name}")
+        if sent:
+            self.explained = unreadable
 
     def run(self, stop: threading.Event) -> None:
         """Tick every ``sample_interval_s`` (fixed rate, no drift) until ``stop`` is set."""

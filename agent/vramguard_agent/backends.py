@@ -90,7 +90,13 @@ def not_installed(name: str) -> str:
 
 
 def host_roots(cfg: AgentConfig) -> tuple[Path, Path]:
-    """The host's /proc and cgroup mount: the flags', else /proc and /sys/fs/cgroup."""
+    """The host's /proc and cgroup mount: the flags', else /proc and /sys/fs/cgroup.
+
+    Raises ``ValueError`` (one line naming the flag) when a given one is no directory:
+    checked here, not at parse time, because they are the pod's mounts."""
+    for flag, given, want in (("--proc-root", cfg.proc_root, "/proc"), ("--cgroup-root", cfg.cgroup_root, "cgroup mount")):
+        if given is not None and not given.is_dir():
+            raise ValueError(f"{flag} {given}: no such directory (want the host's {want}, mounted into the agent)")
     return cfg.proc_root or Path("/proc"), cfg.cgroup_root or Path("/sys/fs/cgroup")
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from vramguard_api.cliargs import CONTEXT, run_main
 from vramguard_api.kube import api_client
 
 from . import backends
@@ -107,6 +108,10 @@ def cmd_once(**params: Any) -> int:
         parts.close()
     json.dump(result.status.to_api(), sys.stdout, indent=2 if params["pretty"] else None)
     sys.stdout.write("\n")
+    why = result.unreadable
+    if why is not None:
+        print(f"vramguard-agent once: no GPU device can be read: {why}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -136,27 +141,20 @@ CALLBACKS: dict[str, Callable[..., int]] = {
 
 def group() -> click.Group:
     """The ``vramguard-agent`` command group with every subcommand."""
-    top = click.Group("vramguard-agent", help="vramguard node agent")
+    top = click.Group("vramguard-agent", help="vramguard node agent", context_settings=CONTEXT)
+    click.version_option(package_name="vramguard", prog_name="vramguard-agent",
+                         message="%(prog)s %(version)s")(top)
     for name, (params, help_text) in PARAMETERS.items():
-        top.add_command(click.Command(name, params=params(), callback=CALLBACKS[name], help=help_text))
+        top.add_command(click.Command(name, params=params(), callback=CALLBACKS[name], help=help_text,
+                                      context_settings=CONTEXT))
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``vramguard-agent``; returns the exit status (2 with a
-    message on stderr for a bad flag, value or scenario)."""
-    try:
-        rv = group().main(args=list(argv) if argv is not None else None, prog_name="vramguard-agent",
-                          standalone_mode=False)
-    except click.ClickException as err:
-        err.show()
-        return err.exit_code
-    except (ValueError, KeyError) as err:
-        print(f"vramguard-agent: {err}", file=sys.stderr)
-        return 2
-    except click.Abort:
-        return 1
-    return int(rv or 0)
+    message on stderr for a bad flag, value or scenario: ``run_main``)."""
+    return run_main("vramguard-agent", lambda: group().main(args=list(argv) if argv is not None else None,
+                                                            prog_name="vramguard-agent", standalone_mode=False))
 
 
 if __name__ == "__main__":

@@ -265,6 +265,12 @@ class AgentMetrics:
             "Unix time of the last written report.",
             registry=self.registry,
         )
+        self.healthy_devices = Gauge(
+            "vramguard_agent_healthy_devices",
+            "Devices that answered NVML in the last sample; 0 when the agent can read none (it is then not ready).",
+            ["node"],
+            registry=self.registry,
+        )
 
     def current(self) -> Snapshot:
         """The latest snapshot (swapped whole, never mutated)."""
@@ -286,7 +292,10 @@ class Health:
     """Liveness and readiness, updated by the sampling loop.
 
     Live while the loop has ticked within ``stale_after_s``; ready after the first
-    sample and, when the agent talks to a cluster, after the first pod list.
+    sample and, when the agent talks to a cluster, after the first pod list, and
+    only while the last sample could read a device (``unreadable`` says why not):
+    an agent that can read no GPU (a wrong runtime class, no driver) must not
+    roll out green.
     """
 
     stale_after_s: float
@@ -294,6 +303,7 @@ class Health:
     last_tick: float | None = None
     sampled: bool = False
     pods_synced: Callable[[], bool] = lambda: True
+    unreadable: str | None = None
 
     def tick(self) -> None:
         """The loop is alive."""
@@ -312,6 +322,8 @@ class Health:
             return False, "no sample yet"
         if not self.pods_synced():
             return False, "pods not listed yet"
+        if self.unreadable is not None:
+            return False, f"no GPU device can be read: {self.unreadable}"
         return True, "ok"
 
 

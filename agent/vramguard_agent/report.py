@@ -342,6 +342,7 @@ class NodeReport:
                 pods=[_pod_usage(p) for p in self.pods],
                 unattributed=self.unattributed,
                 truncated=self.truncated,
+                healthyDevices=sum(d.health == "Healthy" for d in self.devices),
             )
         return self._status
 

@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from vramguard_api import GROUP, REPORTS, VERSION
@@ -97,6 +98,29 @@ class Reporter:
             return False
         self.failures, self.retry_at, self.last_error = 0, 0.0, None
         self.writes += 1
+        return True
+
+    def event(self, kind: str, reason: str, message: str) -> bool:
+        """Post a core/v1 Event (``kind`` Normal or Warning) about this node's report, in the
+        ``default`` namespace (where Events of cluster-scoped objects go, as for Nodes).
+        True when written; False without ``core_v1`` or on any API error (logged, never raised)."""
+        if self.core_v1 is None:
+            return False
+        now = datetime.now(UTC).isoformat()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{self.node_name}.", "namespace": "default"},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.node_name},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER, "host": self.node_name},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self.core_v1.create_namespaced_event("default", body, _request_timeout=REQUEST_TIMEOUT_S,
+                                                 _preload_content=False)  # the answer is not needed
+        except Exception as err:  # noqa: BLE001 - an Event is an explanation, never a reason to stop
+            log.warning("Event %s on NodeGPUUsage %s not written: %s", reason, self.node_name, _describe(err))
+            return False
         return True
 
     def _failed(self, err: Exception, now: float) -> None:

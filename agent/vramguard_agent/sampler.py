@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from vramguard_api import conditions as C
 from vramguard_api.history import HistoryStore
 from vramguard_api.meta import Condition
 from vramguard_api.usage import AgentInfo, NodeGPUUsageStatus
@@ -49,6 +50,17 @@ class SampleResult:
     report: NodeReport
     container_devices: Callable[[], list[ContainerDeviceUsage]] = list
     backend_error: str | None = None
+
+    @property
+    def unreadable(self) -> str | None:
+        """Why no device could be read in this sample (NVML unavailable, or no device
+        Healthy), from the report's AgentHealthy condition; None when at least one could."""
+        if any(d.health == "Healthy" for d in self.report.devices):
+            return None
+        healthy = next((c for c in self.report.conditions if c.type == C.AGENT_HEALTHY), None)
+        if healthy is not None and healthy.status == "False":
+            return f"{healthy.reason}: {healthy.message}"
+        return "no GPU device found"
 
     @property
     def status(self) -> NodeGPUUsageStatus:

@@ -15,20 +15,35 @@ whole number from 0 to 65535, got 'http'``.
 ``duration_arg`` and ``quantity_arg`` adapt the same parsers to argparse for
 the subcommands that still declare argparse arguments (``vramguard analyze``
 and ``replay``).
+
+Both commands run through ``run_main``, so that every error a user can cause
+is one line on stderr naming the flag, file or field, the value and what is
+wanted, never a traceback (docs/cli.md): click's and argparse's usage errors
+are cut to that line (``OneLineParser``), and ``-h`` is a help option
+everywhere (``CONTEXT``). A quantity of bytes written as a bare number
+(``--limit 80``: 80 bytes) is refused with a hint to write a unit.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
+import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from .units import parse_duration, quantity_to_bytes
+from .units import format_duration, parse_duration, quantity_to_bytes
+
+log = logging.getLogger(__name__)
+
+CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+"""click context settings for every command and group: ``-h`` as well as ``--help``."""
 
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
@@ -107,7 +122,7 @@ class Quantity(click.ParamType):
         if isinstance(value, int):
             return value
         try:
-            return quantity_to_bytes(str(value), field="")
+            return bytes_quantity(str(value), field="")
         except ValueError as err:
             self.fail(str(err).removeprefix(": "), param, ctx)
 
@@ -169,16 +184,37 @@ class LogLevel(click.ParamType):
         return level
 
 
-def duration_arg(flag: str, env: str | None = None) -> Callable[[str], float]:
+def duration_arg(
+    flag: str, env: str | None = None, *, legacy_unit_s: float | None = None, positive: bool = False,
+    maximum_s: float | None = None,
+) -> Callable[[str], float]:
     """An argparse ``type`` turning a Go-style duration (``30s``) into seconds;
     a bad value raises ``argparse.ArgumentTypeError`` naming ``flag`` (and
-    ``env``, the variable its default comes from, when given)."""
+    ``env``, the variable its default comes from, when given).
+
+    ``legacy_unit_s``: a flag that took a bare number (of seconds, 1.0, or hours,
+    3600.0) keeps taking it for one release, with a deprecation line on stderr
+    naming the Go duration to write. ``positive``: 0 is refused; ``maximum_s``: the
+    largest value taken."""
+
+    def _bounded(seconds: float, value: str) -> float:
+        if positive and seconds <= 0:
+            raise argparse.ArgumentTypeError(f"{value!r}: want a duration above 0s")
+        if maximum_s is not None and seconds > maximum_s:
+            raise argparse.ArgumentTypeError(
+                f"{value!r}: want at most {format_duration(round(maximum_s * 1e9))}")
+        return seconds
 
     def parse(value: str) -> float:
+        if legacy_unit_s is not None and _BARE_NUMBER.fullmatch(value):
+            seconds = float(value) * legacy_unit_s
+            print(f"warning: {flag} {value.strip()}: a bare number is deprecated and will be refused in the next "
+                  f"release; write {format_duration(round(seconds * 1e9))}", file=sys.stderr)
+            return _bounded(seconds, value)
         try:
-            return parse_duration(value, field=_name(flag, env))
+            return _bounded(parse_duration(value, field=_name(flag, env)), value)
         except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
+            raise argparse.ArgumentTypeError(str(err).removeprefix(f"{flag}: ")) from None  # argparse names it
 
     return parse
 
@@ -190,12 +226,72 @@ def quantity_arg(flag: str, env: str | None = None) -> Callable[[str], int]:
 
     def parse(value: str) -> int:
         try:
-            return quantity_to_bytes(value, field=_name(flag, env))
+            return bytes_quantity(value, field=_name(flag, env))
         except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
+            raise argparse.ArgumentTypeError(str(err).removeprefix(f"{flag}: ")) from None  # argparse names it
 
     return parse
 
 
 def _name(flag: str, env: str | None) -> str:
     return f"{flag} (or env {env})" if env else flag
+
+
+_BARE_NUMBER = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*")
+
+
+def bytes_quantity(value: str, field: str) -> int:
+    """A quantity of bytes from the command line (``quantity_to_bytes``), refusing a bare
+    number other than 0, which would mean bytes and is almost always a forgotten unit:
+    ``--limit 80`` -> ``ValueError("--limit: 80 has no unit (80 bytes); write 80Gi or 80G")``."""
+    if _BARE_NUMBER.fullmatch(value) and float(value) != 0:
+        n = value.strip()
+        raise ValueError(f"{field}: {n} has no unit ({n} bytes); write {n}Gi or {n}G, or {n}Mi")
+    return quantity_to_bytes(value, field)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``PROG: MESSAGE (see PROG -h)``) and exit status 2,
+    instead of the usage block and the message."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the one line and exit 2."""
+        print(f"{self.prog}: {message} (see {self.prog} -h)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: its lines joined with "; " (a message may quote a multi-line error)."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def run_main(prog: str, call: Callable[[], Any]) -> int:
+    """Run a command's ``call`` and return its exit status, with every error on one line:
+    a usage error (status 2) and any other click error as ``PROG: message``; ``ValueError``,
+    ``KeyError`` and ``OSError`` (bad input, a missing file: status 2) as ``PROG: message``;
+    Ctrl-C as status 130; anything else as ``PROG: internal error: ...`` (status 1), its
+    traceback only in the log at DEBUG."""
+    try:
+        return int(call() or 0)
+    except click.UsageError as err:
+        where = err.ctx.command_path if err.ctx is not None else prog
+        print(f"{prog}: {one_line(err.format_message())} (see {where} -h)", file=sys.stderr)
+        return err.exit_code
+    except click.ClickException as err:
+        print(f"{prog}: {one_line(err.format_message())}", file=sys.stderr)
+        return err.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        return 130
+    except SystemExit as err:  # argparse's -h and OneLineParser's errors
+        return err.code if isinstance(err.code, int) else 0
+    except KeyError as err:
+        print(f"{prog}: {one_line(str(err.args[0] if err.args else err))}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as err:
+        print(f"{prog}: {one_line(str(err))}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - the last guard: a bug is still one line for the user
+        log.debug("internal error", exc_info=True)
+        print(f"{prog}: internal error: {type(err).__name__}: {one_line(str(err))} (a bug: please report it)",
+              file=sys.stderr)
+        return 1

@@ -63,11 +63,14 @@ RESOURCES = [
         description="A budget for the GPU memory (VRAM) and host memory (RAM) of the pods its selector "
         "matches, with an escalation ladder (Annotate, Throttle, Cap, Evict) for violations.",
         columns=[
-            {"name": "Mode", "type": "string", "jsonPath": ".spec.enforcement.mode"},
+            {"name": "Mode", "type": "string", "jsonPath": ".status.effectiveMode",
+             "description": "the mode in force: a policy's DryRun overrides the budget's Enforce"},
             {"name": "Pods", "type": "integer", "jsonPath": ".status.matchedPods"},
             {"name": "VRAM", "type": "string", "jsonPath": ".status.usage.vram", "description": "used/limit"},
             {"name": "RAM", "type": "string", "jsonPath": ".status.usage.ram", "priority": 1},
             {"name": "Violations", "type": "integer", "jsonPath": ".status.openViolations"},
+            {"name": "Mode-Source", "type": "string", "jsonPath": ".status.modeSource", "priority": 1},
+            {"name": "Spec-Mode", "type": "string", "jsonPath": ".spec.enforcement.mode", "priority": 1},
             _AGE,
         ],
     ),
@@ -97,6 +100,12 @@ RESOURCES = [
         "named after the node and written only by that node's agent.",
         columns=[
             {"name": "Node", "type": "string", "jsonPath": ".spec.nodeName"},
+            {"name": "Healthy", "type": "string", "jsonPath": '.status.conditions[?(@.type=="AgentHealthy")].status',
+             "description": "the AgentHealthy condition: False when no device can be read"},
+            {"name": "Devices", "type": "integer", "jsonPath": ".status.healthyDevices",
+             "description": "devices that answered NVML"},
+            {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="AgentHealthy")].reason',
+             "priority": 1},
             {"name": "Backend", "type": "string", "jsonPath": ".status.agent.backend"},
             {"name": "Sampled", "type": "date", "jsonPath": ".status.sampleTime"},
             _AGE,

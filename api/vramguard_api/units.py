@@ -99,7 +99,9 @@ def _text_quantity(value: str, field: str) -> Decimal:
     """A quantity's text (at most ``MAX_TEXT`` characters) as an exact Decimal (see ``quantity_decimal``)."""
     match = QUANTITY_GRAMMAR.fullmatch(value)
     if match is None:
-        raise ValueError(f"{field}: invalid quantity {show(value)}: want a Kubernetes quantity such as 500m, 2 or 40Gi")
+        hint = quantity_hint(value)
+        raise ValueError(f"{field}: invalid quantity {show(value)}: want a Kubernetes quantity such as 500m, 2 or 40Gi"
+                         + (f"; {hint}" if hint else ""))
     sign, mantissa, _suffix, exponent = match.groups()
     if exponent is not None and abs(int(exponent)) > EXPONENT_LIMIT:
         if not mantissa.strip("0."):
@@ -112,6 +114,35 @@ def _text_quantity(value: str, field: str) -> Decimal:
         ctx.prec = _PRECISION
         parsed = parse_quantity(value)
     return _round_nano(_within_max(parsed, value, field, sign != "-"))
+
+
+_SUFFIXES = {"k": "k", "m": "M", "g": "G", "t": "T", "p": "P", "e": "E"}
+
+
+def quantity_hint(text: str) -> str | None:
+    """What the user likely meant by a quantity ``text`` that does not parse, or None.
+
+    ``20GB`` / ``20gb``: ``write 20G (10^9 bytes) or 20Gi (2^30 bytes)``; ``20gi``:
+    ``write 20Gi``; ``20 Gi``: ``write 20Gi (no space)``; ``-20Gi``: ``must not be
+    negative``. Suffixes follow apimachinery's resource.Quantity (decimal k M G T P E,
+    binary Ki Mi Gi Ti Pi Ei)."""
+    s = text.strip()
+    if s.startswith("-"):
+        return "must not be negative"
+    if " " in s:
+        joined = s.replace(" ", "")
+        return f"write {joined} (no space)" if re.fullmatch(QUANTITY_PATTERN, joined) else None
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*([kKmMgGtTpPeE])(i?)([bB]?)", s)
+    if m is None:
+        return None
+    number, prefix, binary, byte = m.groups()
+    decimal, iec = f"{number}{_SUFFIXES[prefix.lower()]}", f"{number}{prefix.upper()}i"
+    if binary:
+        return f"write {iec}"
+    if byte:
+        return f"write {decimal} (10^{3 * (list(_SUFFIXES).index(prefix.lower()) + 1)} bytes) or {iec} (2^" \
+               f"{10 * (list(_SUFFIXES).index(prefix.lower()) + 1)} bytes)"
+    return None
 
 
 def _within_max(parsed: Decimal | None, value: object, field: str, positive: bool) -> Decimal:

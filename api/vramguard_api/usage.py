@@ -295,6 +295,11 @@ class NodeGPUUsageStatus(APIModel):
         max_length=MAX_END_RECORDS,
         description="Ends (GPU processes, containers) not yet acknowledged by the operator (vramguard_api.ends).",
     )
+    healthy_devices: int | None = Field(
+        default=None, alias="healthyDevices", ge=0, le=MAX_DEVICES,
+        description="Devices that answered NVML in this sample (health Healthy); 0 when the agent can read none "
+        "(its AgentHealthy condition says why, and its readiness fails).",
+    )
 
 
 class NodeGPUUsage(APIModel):

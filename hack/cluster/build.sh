@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the local cluster's binaries from Go modules, cached by version under
 # ~/.cache/vramguard/bin/<component>-<version>/ so a second run takes seconds.
-#   kube-apiserver, kube-controller-manager, kube-scheduler: k8s.io/kubernetes
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl: k8s.io/kubernetes
+#     (kubectl at the cluster's version: every script, the demo and the e2e tests
+#     use this one, never a kubectl on the host's PATH)
 #   etcd: go.etcd.io/etcd/server/v3;  kwok, kwokctl: sigs.k8s.io/kwok;  helm: helm.sh/helm/v3
 #   the real node (VG_REAL_NODE, docs/real-node.md): kubelet from k8s.io/kubernetes;
 #   containerd, containerd-shim-runc-v2, ctr from github.com/containerd/containerd/v2;
@@ -43,8 +45,9 @@ kubernetes_wrapper() {  # write the wrapper module for k8s.io/kubernetes; sets K
     grep -oE '^\s*k8s.io/[a-z0-9-]+ => \./staging' "$modfile" | awk '{print $1}' | sort -u |
       while read -r m; do echo "replace $m => $m $staging"; done
   } > "$dir/go.mod"
-  # Both programs' imports, so that go.sum covers the kubelet's dependencies too.
-  printf 'package wrapper\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n\t_ "k8s.io/kubernetes/cmd/kubelet/app"\n)\n' > "$dir/wrapper.go"
+  # The programs' imports, so that go.sum covers the kubelet's and kubectl's dependencies too
+  # (cmd/kubectl is a main package importing k8s.io/kubectl/pkg/cmd and client-go's auth plugins).
+  printf 'package wrapper\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n\t_ "k8s.io/kubernetes/cmd/kubelet/app"\n\t_ "k8s.io/kubectl/pkg/cmd"\n\t_ "k8s.io/client-go/plugin/pkg/client/auth"\n)\n' > "$dir/wrapper.go"
   local pkg=k8s.io/component-base/version cpkg=k8s.io/client-go/pkg/version ld="-s -w"
   for p in $pkg $cpkg; do
     ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
@@ -61,6 +64,14 @@ build_kubernetes() {
      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
      k8s.io/kubernetes/cmd/kube-scheduler)
   mv "$K8S_BIN.tmp" "$K8S_BIN"
+}
+
+build_kubectl() {  # kubectl at the cluster's version, from the same wrapper module and version stamps
+  kubernetes_wrapper
+  mkdir -p "$KUBECTL_BIN.tmp"
+  (cd "$K8S_WRAPPER" && go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$KUBECTL_BIN.tmp/kubectl" \
+     k8s.io/kubernetes/cmd/kubectl)
+  mv "$KUBECTL_BIN.tmp" "$KUBECTL_BIN"
 }
 
 build_kubelet() {  # the real node's kubelet, from the same wrapper module (CGO_ENABLED=0 as above)
@@ -135,6 +146,7 @@ step "kwok $KWOK_VERSION" "$KWOK_BIN/kwokctl" go_install "$KWOK_BIN" \
   "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"
 step "helm $HELM_VERSION" "$HELM_BIN/helm" build_helm
 step "kubernetes $K8S_VERSION" "$K8S_BIN/kube-apiserver" build_kubernetes
+step "kubectl $K8S_VERSION" "$KUBECTL" build_kubectl
 # The real node (docs/real-node.md) needs root for its Debian packages, cgroups and mounts.
 case ${VG_REAL_NODE:-auto} in
   off) echo "build: real node off (VG_REAL_NODE=off): kubelet and containerd not built" ;;

@@ -13,6 +13,8 @@ CLUSTER_NAME=${VG_CLUSTER_NAME:-vramguard}
 export KWOK_WORKDIR=${KWOK_WORKDIR:-$VG_CACHE/kwok}
 export KUBECONFIG=${VG_KUBECONFIG:-$VG_CACHE/kubeconfig}
 export KWOK_KUBE_VERSION=$K8S_VERSION
+# kwokctl's own kubectl (kwokctl kubectl, kubectl proxy): ours, never a download.
+export KWOK_KUBECTL_BINARY=$KUBECTL
 kwokctl=$KWOK_BIN/kwokctl
 
 # Audit log: every request a ServiceAccount outside kube-system makes, at
@@ -65,7 +67,7 @@ componentsPatches:
   - {key: kubelet-preferred-address-types, value: "InternalIP,Hostname"}
 EOF_CONFIG
 
-for b in "$K8S_BIN/kube-apiserver" "$ETCD_BIN/etcd" "$kwokctl"; do
+for b in "$K8S_BIN/kube-apiserver" "$ETCD_BIN/etcd" "$kwokctl" "$KUBECTL"; do
   [[ -x $b ]] || { echo "up: $b missing; run hack/cluster/build.sh first" >&2; exit 1; }
 done
 
@@ -99,7 +101,7 @@ else
   echo "up: cluster started in $((SECONDS - t0)) s"
 fi
 kubectl apply -f "$here/gpu-nodes.yaml" >/dev/null
-kubectl wait --for=condition=Ready node -l type=kwok --timeout=120s >/dev/null
+kubectl_wait 120 --for=condition=Ready node -l type=kwok >/dev/null
 "$here/realnode.sh" up | sed 's/^realnode: /up: real node: /'
 echo "up: nodes ready: $(kubectl get nodes -o name | tr '\n' ' ')"
 echo "export KUBECONFIG=$KUBECONFIG"

@@ -13,6 +13,31 @@ K8S_BIN=$VG_BIN/kubernetes-$K8S_VERSION
 ETCD_BIN=$VG_BIN/etcd-$ETCD_VERSION
 KWOK_BIN=$VG_BIN/kwok-$KWOK_VERSION
 HELM_BIN=$VG_BIN/helm-$HELM_VERSION-k8s  # -k8s: built with the Kubernetes version stamped
+KUBECTL_BIN=$VG_BIN/kubectl-$K8S_VERSION
+KUBECTL=$KUBECTL_BIN/kubectl
+
+# Every script that sources this file runs the kubectl built at the cluster's
+# version (build.sh), never one on the host's PATH: a fresh machine may have
+# none, or one several minor versions away (kubectl's skew policy is +-1).
+kubectl() {
+  [[ -x $KUBECTL ]] || { echo "$KUBECTL missing; run hack/cluster/build.sh first" >&2; return 127; }
+  "$KUBECTL" "$@"
+}
+
+# kubectl_wait TIMEOUT_S ARGS...: `kubectl wait ARGS` retried until TIMEOUT_S
+# has passed. A freshly created object can have no status, or null conditions,
+# for a moment (kubectl then fails at once with ".status.conditions accessor
+# error: <nil>"), and a selector can match nothing yet; both are retried.
+kubectl_wait() {
+  local deadline=$((SECONDS + $1)) left out; shift
+  while :; do
+    left=$((deadline - SECONDS))
+    ((left > 0)) || left=1
+    if out=$(kubectl wait "$@" --timeout="${left}s" 2>&1); then printf '%s\n' "$out"; return 0; fi
+    ((SECONDS < deadline)) || { printf 'kubectl wait %s: %s\n' "$*" "$out" >&2; return 1; }
+    sleep 1
+  done
+}
 
 # The real node (docs/real-node.md): a kubelet and containerd on this machine.
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.2.9}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import dra  # hack/demo/dra.py
+import localkube  # hack/cluster/localkube.py (run.py puts it on sys.path)
 import plan as P  # hack/demo/plan.py (run.py puts hack/demo on sys.path)
 import yaml
 from kubernetes import client, config
@@ -36,15 +37,21 @@ class Cluster:
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run kubectl on this cluster; raises CalledProcessError when ``check`` and it fails."""
         return subprocess.run(
-            ["kubectl", "--kubeconfig", self.kubeconfig, *args],
+            [localkube.kubectl_binary(), "--kubeconfig", self.kubeconfig, *args],
             input=input, capture_output=True, text=True, check=check, timeout=180,
         )
+
+    @staticmethod
+    def kubectl_command() -> str:
+        """The path of the kubectl built at the cluster's version, for commands printed to a person."""
+        return localkube.kubectl_binary()
 
     def ensure(self) -> None:
         """Start the cluster with hack/cluster/up.sh (which reuses one that is up); RuntimeError when it fails."""
         kubeconfig = os.environ.get("VG_KUBECONFIG") or str(CACHE / "kubeconfig")
         was_up = Path(kubeconfig).exists() and subprocess.run(
-            ["kubectl", "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"], capture_output=True, timeout=30
+            [localkube.kubectl_binary(), "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"],
+            capture_output=True, timeout=30,
         ).returncode == 0
         self.say("local cluster: " + ("up, reused" if was_up else "starting it (hack/cluster/up.sh)"))
         up = subprocess.run([str(ROOT / "hack/cluster/up.sh")], capture_output=True, text=True, timeout=900)
@@ -58,7 +65,7 @@ class Cluster:
         """Apply the CRDs and examples/, remembering which examples this run created."""
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
         crds = [f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.vramguard.io" for p in (ROOT / "crds").glob("*.yaml")]
-        self.kubectl("wait", "--for=condition=Established", *crds, "--timeout=60s")
+        localkube.wait(self.kubectl, "--for=condition=Established", *crds, timeout_s=60)
         examples = str(ROOT / "examples")
         before = set(self.kubectl("get", "-f", examples, "-o", "name", "--ignore-not-found").stdout.split())
         self.kubectl("apply", "-f", examples)

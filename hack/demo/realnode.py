@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import localkube  # hack/cluster/localkube.py (run.py puts hack/cluster on sys.path)
+
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "vg-demo-realnode"
 POD = "real-embedder"
@@ -35,10 +37,8 @@ THROTTLE_TO = "100m"
 
 def settings() -> dict[str, str]:
     """The real node's names and paths, from hack/cluster/versions.sh (as up.sh sees them)."""
-    names = ("REAL_NODE_NAME", "WORKLOAD_IMAGE", "SIMGPU_DIR", "SIMGPU_SOCKET", "K8S_VERSION", "CONTAINERD_VERSION")
-    script = f"source {ROOT / 'hack/cluster/versions.sh'} && " + " && ".join(f'echo "${n}"' for n in names)
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
-    return dict(zip(names, out, strict=True))
+    return localkube.settings("REAL_NODE_NAME", "WORKLOAD_IMAGE", "SIMGPU_DIR", "SIMGPU_SOCKET", "K8S_VERSION",
+                              "CONTAINERD_VERSION")
 
 
 def objects(s: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -132,7 +132,7 @@ class RealNodePart:
         self.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
         self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                             "items": objects(self.s)}))
-        self.kubectl("wait", "-n", NAMESPACE, f"pod/{POD}", "--for=condition=Ready", "--timeout=120s")
+        localkube.wait(self.kubectl, "-n", NAMESPACE, f"pod/{POD}", "--for=condition=Ready", timeout_s=120)
         self.active = True
         self.say(f"real node: pod {NAMESPACE}/{POD} runs on {self.s['REAL_NODE_NAME']} (real kubelet and "
                  f"containerd), holding 4Gi of the simulated GPU, 8Gi after {GROWS_AFTER_S} s; budget 6Gi")

@@ -41,7 +41,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SOURCE_ROOTS = [str(ROOT / d) for d in ("api", "operator", "agent", "sim")]
-sys.path[:0] = [str(HERE), *SOURCE_ROOTS]
+sys.path[:0] = [str(HERE), str(ROOT / "hack" / "cluster"), *SOURCE_ROOTS]
 
 # The runner's parts, next to it in hack/demo/: plan (pure), oom, dra, cluster, children, view.
 import dra  # noqa: E402
@@ -336,13 +336,13 @@ class Demo:
         if self.cluster.api is None:
             return
         if self.args.keep and self.live_started:
-            kubeconfig = self.cluster.kubeconfig
+            kubeconfig, kubectl = self.cluster.kubeconfig, f"{self.cluster.kubectl_command()} --kubeconfig"
             print(f"\n--keep: the cluster and the demo's objects are left as they are "
                   f"(KUBECONFIG={kubeconfig}); look around with\n"
                   f"  vramguard top -A --kubeconfig {kubeconfig}\n"
-                  f"  kubectl --kubeconfig {kubeconfig} get events -n vg-demo-serving\n"
-                  f"and remove them with: kubectl delete ns {' '.join(self.sc.namespaces)}; "
-                  f"kubectl delete gmp vg-demo")
+                  f"  {kubectl} {kubeconfig} get events -n vg-demo-serving\n"
+                  f"and remove them with: {kubectl} {kubeconfig} delete ns {' '.join(self.sc.namespaces)}; "
+                  f"{kubectl} {kubeconfig} delete gmp vg-demo")
             return
         self.real.remove()
         self.cluster.remove(self.sc)

@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vramguard_api.cliargs import one_line
+from vramguard_api.explain import validation_error
 from vramguard_api.kubelet import RestartPolicy
 from vramguard_api.units import parse_duration, quantity_to_bytes
 
@@ -364,10 +366,15 @@ class Scenario(_Model):
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Load and validate a scenario YAML file; raises ``ValueError`` with the field path,
-    or naming the file when it cannot be read."""
+    """Load and validate a scenario YAML file; raises ``ValueError`` (one line naming the file,
+    the field, the value and what is wanted) or ``OSError`` when it cannot be read."""
     try:
-        text = Path(path).read_text()
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as err:
-        raise ValueError(f"scenario {path}: cannot read it: {err.strerror or err}") from None
-    return Scenario.model_validate(yaml.safe_load(text))
+        raise ValueError(f"--scenario {path}: cannot read it: {err.strerror or err}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ValueError(f"scenario {path}: not YAML: {one_line(str(err))}") from None
+    try:
+        return Scenario.model_validate(doc)
+    except ValidationError as err:
+        raise ValueError(f"scenario {path}: {validation_error(err, Scenario)}") from None

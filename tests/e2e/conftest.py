@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .realnode import RealNode, settings
+from .realnode import RealNode, localkube, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VG_CACHE", Path.home() / ".cache" / "vramguard"))
@@ -39,8 +39,14 @@ class Cluster:
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run kubectl against the cluster; raises CalledProcessError when check and it fails."""
         return subprocess.run(
-            ["kubectl", *args], input=input, env=self.env(), capture_output=True, text=True, check=check, timeout=120
+            [localkube.kubectl_binary(), *args], input=input, env=self.env(), capture_output=True, text=True,
+            check=check, timeout=120,
         )
+
+    def wait(self, *args: str, timeout_s: float = 60.0) -> str:
+        """``kubectl wait ARGS``, retried until ``timeout_s`` while the object is new (its status absent
+        or null) or not there yet (localkube.wait); RuntimeError after it."""
+        return localkube.wait(self.kubectl, *args, timeout_s=timeout_s)
 
     def api_client(self) -> Any:
         """A kubernetes.client.ApiClient for the cluster."""
@@ -51,11 +57,7 @@ class Cluster:
 
 def _helm() -> str | None:
     """The helm binary that hack/cluster/build.sh built (its path comes from versions.sh)."""
-    out = subprocess.run(
-        ["bash", "-c", f"source {ROOT / 'hack/cluster/versions.sh'} && echo $HELM_BIN/helm"],
-        capture_output=True, text=True, check=True,
-    )
-    path = Path(out.stdout.strip())
+    path = Path(localkube.settings("HELM_BIN")["HELM_BIN"], "helm")
     return str(path) if path.exists() else None
 
 
@@ -73,7 +75,7 @@ def cluster() -> Cluster:
     names = [
         f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.vramguard.io" for p in (ROOT / "crds").glob("*.yaml")
     ]
-    c.kubectl("wait", "--for=condition=Established", *names, "--timeout=60s")
+    c.wait("--for=condition=Established", *names, timeout_s=60)
     return c
 
 
@@ -86,7 +88,7 @@ def real_node(cluster: Cluster) -> RealNode:
     if node.returncode != 0:
         pytest.skip(f"no real node in this cluster: {cluster.real_node_note or 'up.sh said nothing about it'}")
     obj = json.loads(node.stdout)
-    ready = [c["status"] for c in obj["status"].get("conditions", []) if c["type"] == "Ready"]
+    ready = [c["status"] for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
     if ready != ["True"]:
         pytest.skip(f"real node {s['REAL_NODE_NAME']} is not Ready ({cluster.real_node_note})")
     return RealNode(

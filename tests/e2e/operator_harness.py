@@ -31,14 +31,28 @@ T = TypeVar("T")
 
 
 def wait_for(fn: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
-    """Call ``fn`` until it returns something truthy; fail naming ``what``."""
+    """Call ``fn`` until it returns something truthy; fail naming ``what``.
+
+    A new object may not exist yet or have no status (or null fields) for a
+    moment, so KeyError, TypeError, IndexError and a 404 from ``fn`` count as
+    "not yet" until the deadline; the last one is raised after it."""
     deadline = time.monotonic() + timeout
     last: Any = None
+    error: Exception | None = None
     while time.monotonic() < deadline:
-        last = fn()
+        try:
+            last, error = fn(), None
+        except (KeyError, TypeError, IndexError) as e:
+            last, error = None, e
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            last, error = None, e
         if last:
             return last
         time.sleep(interval)
+    if error is not None:
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}: {error!r}") from error
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
 
 

@@ -8,21 +8,22 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "hack" / "cluster"))
+import localkube  # noqa: E402  (hack/cluster/localkube.py: the cluster's settings, kubectl and waits)
+
 TAINT = "vramguard.io/real-node"
 
 
 def settings() -> dict[str, str]:
     """The real node's names and paths, from hack/cluster/versions.sh (as the scripts see them)."""
-    names = ("REAL_NODE_NAME", "REAL_NODE_STATE", "CONTAINERD_BIN", "CONTAINERD_VERSION", "WORKLOAD_IMAGE",
-             "K8S_VERSION", "SIMGPU_DIR", "SIMGPU_SOCKET")
-    script = f"source {ROOT / 'hack/cluster/versions.sh'} && " + " && ".join(f'echo "${n}"' for n in names)
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
-    return dict(zip(names, out, strict=True))
+    return localkube.settings("REAL_NODE_NAME", "REAL_NODE_STATE", "CONTAINERD_BIN", "CONTAINERD_VERSION",
+                              "WORKLOAD_IMAGE", "K8S_VERSION", "SIMGPU_DIR", "SIMGPU_SOCKET")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,7 @@ def comparable(status: dict[str, Any]) -> bytes:
 def fake_node(cluster, namespace):
     node = f"agent-{namespace[-6:]}"
     cluster.kubectl("apply", "-f", "-", input=json.dumps(node_manifest(node)))
-    cluster.kubectl("wait", "--for=condition=Ready", f"node/{node}", "--timeout=60s")
+    cluster.wait("--for=condition=Ready", f"node/{node}", timeout_s=60)
     yield node
     cluster.kubectl("delete", "node", node, "--wait=false", check=False)
     cluster.kubectl("delete", "nodegpuusage", node, "--wait=false", check=False)
@@ -265,7 +266,7 @@ def create_pods(cluster, namespace: str, node: str) -> dict[str, dict[str, Any]]
         pod_manifest("idle", node, ["main"], besteffort),
     ):
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
-    cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod", "--all", "--timeout=90s")
+    cluster.wait("-n", namespace, "--for=condition=Ready", "pod", "--all", timeout_s=90)
     pods = {
         p["metadata"]["name"]: p
         for p in json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
@@ -451,3 +452,35 @@ def test_agent_without_enforce_caps_reports_support_and_applies_nothing(cluster,
         code = stop(agent)
         log.close()
     assert code == 0
+
+
+def test_an_agent_that_can_read_no_gpu_is_not_ready_and_says_so(cluster, namespace, fake_node, tmp_path):
+    """NVML unavailable (as with a wrong runtime class): /readyz answers 503 with the reason, the
+    report carries AgentHealthy False and 0 devices, `kubectl get ngu` shows both, and a Warning
+    Event on the report explains it."""
+    doc = scenario(fake_node, namespace)
+    doc["nodes"][0]["faults"] = [{"type": "nvml-unavailable", "from": "0s", "until": "10h"}]
+    scenario_file = tmp_path / "scenario.yaml"
+    scenario_file.write_text(yaml.safe_dump(doc))
+    port = free_port()
+    with (tmp_path / "agent.log").open("w") as log:
+        agent = start_agent(fake_node, scenario_file, port, log, cluster)
+        try:
+            ngu = wait_for(lambda: (lambda o: o if o and (o.get("status") or {}).get("healthyDevices") == 0
+                                    else None)(get_ngu(cluster, fake_node)), 60, "the report with 0 devices")
+            healthy = {c["type"]: c for c in ngu["status"]["conditions"]}["AgentHealthy"]
+            assert (healthy["status"], healthy["reason"]) == ("False", "NVMLUnavailable")
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+            assert err.value.code == 503
+            assert err.value.read().decode().startswith("no GPU device can be read: NVMLUnavailable")
+            table = cluster.kubectl("get", "ngu", fake_node, "-o", "wide").stdout.splitlines()
+            row = dict(zip(table[0].split(), table[1].split(), strict=False))
+            assert (row["HEALTHY"], row["DEVICES"], row["REASON"]) == ("False", "0", "NVMLUnavailable")
+            events = wait_for(lambda: [e for e in json.loads(cluster.kubectl(
+                "get", "events", "-n", "default", "--field-selector", f"involvedObject.name={fake_node}",
+                "-o", "json").stdout)["items"] if e["reason"] == "NoReadableDevice"], 30, "the Warning Event")
+            assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "NodeGPUUsage"
+        finally:
+            stop(agent)
+    print((tmp_path / "agent.log").read_text()[-2000:])

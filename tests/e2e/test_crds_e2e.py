@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -360,8 +361,17 @@ def test_printer_columns(cluster, namespace):
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(valid_budget(namespace, "cols")))
     header = cluster.kubectl("get", "gmb", "-n", namespace).stdout.splitlines()[0].split()
     assert header == ["NAME", "MODE", "PODS", "VRAM", "VIOLATIONS", "AGE"]
+    # MODE is the mode in force (status.effectiveMode, written by the operator): here a
+    # policy's DryRun over the spec's Enforce, which -o wide shows beside where it came from.
+    cluster.kubectl("patch", "gmb", "-n", namespace, "cols", "--subresource=status", "--type=merge", "-p",
+                    json.dumps({"status": {"effectiveMode": "DryRun", "modeSource": "policy/audit"}}))
     row = cluster.kubectl("get", "gmb", "-n", namespace, "cols").stdout.splitlines()[1].split()
-    assert row[:2] == ["cols", "Enforce"]
+    assert row[:2] == ["cols", "DryRun"]
+    wide = cluster.kubectl("get", "gmb", "-n", namespace, "cols", "-o", "wide").stdout.splitlines()
+    starts = [(m.group(), m.start()) for m in re.finditer(r"\S+", wide[0])]  # empty cells are blank: cut by header
+    columns = {name: wide[1][at:(starts[i + 1][1] if i + 1 < len(starts) else None)].strip()
+               for i, (name, at) in enumerate(starts)}
+    assert (columns["MODE-SOURCE"], columns["SPEC-MODE"]) == ("policy/audit", "Enforce"), wide
     categories = cluster.kubectl("get", "vramguard", "-A").stdout
     assert "gpumemorybudget.vramguard.io/cols" in categories
 

@@ -182,7 +182,7 @@ def dra(cluster: Any, api: client.ApiClient, tmp_path_factory: pytest.TempPathFa
     setup = Setup(node, namespace, {d.name: d.uuid for d in devices})
     cluster.kubectl("apply", "-f", str(ROOT / "hack/cluster/dra-deviceclasses.yaml"))
     cluster.kubectl("apply", "-f", "-", input=json.dumps(node_manifest(node)))
-    cluster.kubectl("wait", "--for=condition=Ready", f"node/{node}", "--timeout=60s")
+    cluster.wait("--for=condition=Ready", f"node/{node}", timeout_s=60)
     driver.publish(api, [driver.resource_slice(node, devices)])
     core.create_namespace({"metadata": {"name": namespace}})
     agent: subprocess.Popen[bytes] | None = None

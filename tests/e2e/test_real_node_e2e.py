@@ -67,7 +67,7 @@ def run_pod(cluster: Cluster, node: RealNode, namespace: str, manifest: dict[str
     """Create the pod, wait until its container runs; returns the Pod and the container's host PID."""
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
     name = manifest["metadata"]["name"]
-    cluster.kubectl("wait", "-n", namespace, f"pod/{name}", "--for=condition=Ready", "--timeout=90s")
+    cluster.wait("-n", namespace, f"pod/{name}", "--for=condition=Ready", timeout_s=90)
     obj = json.loads(cluster.kubectl("get", "pod", "-n", namespace, name, "-o", "json").stdout)
     assert obj["spec"]["nodeName"] == node.name
     container_id = obj["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]

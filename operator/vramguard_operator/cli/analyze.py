@@ -9,15 +9,20 @@ detector the agent and the operator use (:mod:`vramguard_api.leak`). Says when
 a log is too short to judge, draws a sparkline of the floor, and with
 ``--plot`` a picture of the verdict (``analyze_plot.py``, matplotlib). A
 container log or kernel lines that show an out-of-memory kill are read as such
-instead (``oom_log.py``). Exit status: 0 no leak (or no OOM), 1 a leak in at
-least one series (or an OOM in the log), 2 bad input.
+instead (``oom_log.py``).
+
+Each series gets one of three verdicts (``vramguard_api.leak.judgement``): a
+leak, no leak, or undetermined with the reason (no usable values, too short,
+too sparse): "no leak" is never said of a log too small to show one. Exit
+status (docs/cli.md, "Exit codes"): 0 no leak in any series (or no OOM in a
+log), 1 a leak in at least one series (or an OOM in the log), 2 bad input, 3 no
+leak found but at least one series undetermined.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -31,29 +36,30 @@ from vramguard_api.leak import (
     Analysis,
     LeakResult,
     analyse,
-    needed_seconds,
     verdict,
 )
+from vramguard_api.leak.judgement import Judgement, Verdict, judge
 from vramguard_api.units import format_bytes, format_seconds
 from vramguard_operator.cli import oom_log
 from vramguard_operator.cli.analyze_plot import PlotError, plot, sparkline
 from vramguard_operator.cli.memlog import LogError, Series, read_log, select
 from vramguard_operator.cli.oom_log import shows_oom
 
-EXIT_NO_LEAK, EXIT_LEAK, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_NO_LEAK, EXIT_LEAK, EXIT_BAD_INPUT, EXIT_UNDETERMINED = 0, 1, 2, 3
 EXIT_OOM = 1  # a log that shows an out-of-memory kill (oom_log.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``vramguard analyze``."""
     parser.add_argument(
-        "file", metavar="FILE", type=Path, help="memory log: t_seconds,bytes CSV, step-indexed CSV or nvidia-smi CSV"
+        "file", metavar="FILE", type=Path,
+        help="memory log: t_seconds,bytes CSV, step-indexed CSV or nvidia-smi CSV; - reads stdin"
     )
     parser.add_argument(
         "--limit",
         metavar="QUANTITY",
         type=_quantity("--limit"),
-        help="project the time until this (e.g. 80Gi)",
+        help="project the time until this (e.g. 80Gi; default the device's memory.total when the log has it)",
     )
     parser.add_argument("--pid", type=int, help="analyze only this process (nvidia-smi --query-compute-apps logs)")
     parser.add_argument(
@@ -111,17 +117,20 @@ def run(args: argparse.Namespace) -> int:
     judged = []
     for s in series:
         a = analyse(s.times, s.values)
-        result = verdict(a, limit_bytes=args.limit, **thresholds)
-        judged.append((s, a, result))
-        needed = None if result.leak else _too_short(a, thresholds)
-        print(json.dumps(to_json(s, result, needed)) if args.json else describe(s, a, result, args.limit, needed))
+        limit = args.limit if args.limit is not None else (None if s.total is None else int(s.total))
+        result = verdict(a, limit_bytes=limit, **thresholds)
+        j = judge(a, result, **thresholds)
+        judged.append((s, a, result, j))
+        print(json.dumps(to_json(s, a, result, j)) if args.json else describe(s, a, result, j, limit))
     if args.plot is not None:
         try:
             plot(judged, args.plot, args.limit)
         except PlotError as err:
             print(f"vramguard analyze: --plot: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
-    return EXIT_LEAK if any(result.leak for _, _, result in judged) else EXIT_NO_LEAK
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return exit_code([j for *_, j in judged])
 
 
 def _oom_log(args: argparse.Namespace, text: str) -> int:
@@ -130,31 +139,41 @@ def _oom_log(args: argparse.Namespace, text: str) -> int:
     return EXIT_OOM if findings.any else EXIT_NO_LEAK
 
 
-def _too_short(a: Analysis, thresholds: dict[str, float]) -> float | None:
-    """The span the segment would need for a leak to be called at its noise,
-    seconds, when it is shorter than that; None when it is long enough."""
-    span = float(a.st[-1] - a.st[0]) if a.st.size >= 2 else 0.0
-    needed = needed_seconds(a, **thresholds)
-    return needed if span < needed else None
+def exit_code(judgements: list[Judgement]) -> int:
+    """1 when any series leaks, else 3 when any is undetermined, else 0 (docs/cli.md, "Exit codes")."""
+    verdicts = {j.verdict for j in judgements}
+    if Verdict.LEAK in verdicts:
+        return EXIT_LEAK
+    return EXIT_UNDETERMINED if Verdict.UNDETERMINED in verdicts or not verdicts else EXIT_NO_LEAK
 
 
-def to_json(series: Series, result: LeakResult, too_short: float | None = None) -> dict[str, object]:
-    """The ``--json`` object of one series."""
+def measured(a: Analysis) -> bool:
+    """Whether the series' growth was measured (the slow path could fit its floor)."""
+    return a.rise is not None
+
+
+def to_json(series: Series, a: Analysis, result: LeakResult, j: Judgement) -> dict[str, object]:
+    """The ``--json`` object of one series: ``verdict`` (Leak, NoLeak, Undetermined), ``reason``
+    and ``detail`` when undetermined, growth (bytes per hour) null when not measured."""
+    grown = measured(a)
     return {
         "series": series.label,
+        "verdict": j.verdict.value,
+        "reason": None if j.reason is None else j.reason.value,
+        "detail": j.detail or None,
         "leak": result.leak,
-        "growth_bytes_per_hour": result.growth_bytes_per_hour,
-        "growth_low_bytes_per_hour": result.growth_low_bytes_per_hour,
+        "growth_bytes_per_hour": result.growth_bytes_per_hour if grown else None,
+        "growth_low_bytes_per_hour": result.growth_low_bytes_per_hour if grown else None,
         "onset_t_seconds": result.onset_t_seconds,
         "time_to_limit_seconds": result.time_to_limit_seconds,
         "samples": result.samples,
         "evidence_seconds": result.evidence_seconds,
-        "too_short": too_short is not None,
-        "needed_seconds": too_short,
+        "too_short": j.needed_seconds is not None,
+        "needed_seconds": j.needed_seconds,
     }
 
 
-def describe(series: Series, a: Analysis, result: LeakResult, limit: int | None, too_short: float | None) -> str:
+def describe(series: Series, a: Analysis, result: LeakResult, j: Judgement, limit: int | None) -> str:
     """The human-readable verdict on one series."""
     span = series.times[-1] - series.times[0] if series.times else 0.0
     lines = [f"{series.label}: {len(series.times)} samples over {format_seconds(span)}"]
@@ -162,24 +181,21 @@ def describe(series: Series, a: Analysis, result: LeakResult, limit: int | None,
     if line:
         lines.append(f"  floor {line}")
     growth = (
-        f"growth {format_bytes(result.growth_bytes_per_hour)}/h "
+        f", growth {format_bytes(result.growth_bytes_per_hour)}/h "
         f"(95% lower bound {format_bytes(result.growth_low_bytes_per_hour)}/h)"
+        if measured(a) else ""
     )
-    if result.leak and result.onset_t_seconds is not None:
+    if j.verdict is Verdict.LEAK and result.onset_t_seconds is not None:
         risen = "" if result.evidence_seconds is None else f", rising for {format_seconds(result.evidence_seconds)}"
-        lines.append(f"  leak: yes, {growth} since {_when(series, result.onset_t_seconds)}{risen}")
+        lines.append(f"  leak: yes{growth} since {_when(series, result.onset_t_seconds)}{risen}")
+    elif j.verdict is Verdict.NO_LEAK:
+        lines.append(f"  leak: no{growth}")
     else:
-        lines.append(f"  leak: no, {growth}")
-        if a.evidence is not None and a.evidence.objection is not None and a.evidence.growth_low_bytes_per_hour > 0:
-            lines.append(f"  recent rise since {_when(series, a.evidence.onset_t_seconds)}: {a.evidence.objection}")
-    if too_short is not None:
-        samples = a.st.size if a.st.size else len(series.times)
-        per_sample = a.raw_interval_seconds if math.isfinite(a.raw_interval_seconds) else 60.0
-        lines.append(
-            f"  too short to judge: {samples} samples over {format_seconds(float(a.st[-1] - a.st[0]) if a.st.size > 1 else 0.0)};"
-            f" at least {math.ceil(too_short / per_sample) + 1} samples over {format_seconds(too_short)} are needed"
-            " to call a leak at this noise"
-        )
+        lines.append(f"  leak: {j.text}{growth}")
+        lines.append(f"  cannot judge: {j.detail}")
+    if j.verdict is not Verdict.LEAK and a.evidence is not None and a.evidence.objection is not None \
+            and a.evidence.growth_low_bytes_per_hour > 0:
+        lines.append(f"  recent rise since {_when(series, a.evidence.onset_t_seconds)}: {a.evidence.objection}")
     if limit is not None:
         ttl = result.time_to_limit_seconds
         eta = "not projected (no significant growth)" if ttl is None else format_seconds(ttl)

@@ -5,9 +5,11 @@ floor, and ``--plot out.png`` (matplotlib, the optional ``plot`` extra:
 The plot has one panel per series, ``WIDTH_PX`` by ``PANEL_HEIGHT_PX`` pixels
 each, stacked: the samples, the floor points the detector read (the slow path's
 5-minute floor, and the fast path's fine floor when it has a recent rise), the
-fitted rise with its 95% confidence band, restarts, and the projection of the
-recent peak to ``--limit`` at the fitted growth. matplotlib is imported only
-when a plot is asked for.
+fitted rise with its 95% confidence band, restarts; the axes fit the data in
+units that suit its span (seconds, minutes or hours; bytes, MiB or GiB), and
+the limit (``--limit``, else the log's memory.total) and the projection to it
+are notes, never a stretched axis. matplotlib is imported only when a plot is
+asked for.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from vramguard_api.leak import Analysis, LeakResult
-from vramguard_api.units import format_bytes
+from vramguard_api.leak.judgement import Judgement, Verdict
+from vramguard_api.units import format_bytes, format_seconds
 from vramguard_operator.cli.memlog import Series
 
 WIDTH_PX, PANEL_HEIGHT_PX, DPI = 1000, 500, 100
@@ -62,10 +65,11 @@ def _can_print(text: str) -> bool:
     return True
 
 
-def plot(judged: Sequence[tuple[Series, Analysis, LeakResult]], path: Path, limit: int | None) -> None:
+def plot(judged: Sequence[tuple[Series, Analysis, LeakResult, Judgement]], path: Path, limit: int | None) -> None:
     """Draw every series' verdict into the PNG file ``path``, one panel each.
 
-    Raises ``PlotError`` when matplotlib is not installed or the file cannot be written."""
+    Raises ``PlotError`` when matplotlib is not installed, the file cannot be written,
+    or its name does not end in a format matplotlib writes (``.png``, ``.svg``, ``.pdf``...)."""
     try:
         import matplotlib
 
@@ -76,47 +80,77 @@ def plot(judged: Sequence[tuple[Series, Analysis, LeakResult]], path: Path, limi
     panels = max(1, len(judged))
     fig, axes = plt.subplots(panels, 1, figsize=(WIDTH_PX / DPI, PANEL_HEIGHT_PX * panels / DPI), squeeze=False)
     try:
-        for ax, (series, a, result) in zip(axes[:, 0], judged, strict=False):
-            _panel(ax, series, a, result, limit)
+        for ax, (series, a, result, j) in zip(axes[:, 0], judged, strict=False):
+            own = limit if limit is not None else (None if series.total is None else int(series.total))
+            _panel(ax, series, a, result, j, own)
         fig.tight_layout()
         fig.savefig(path, dpi=DPI)
     except OSError as err:
         raise PlotError(f"cannot write {path}: {err}") from None
+    except ValueError as err:  # matplotlib: "Format 'txt' is not supported (supported formats: ...)"
+        raise PlotError(f"{path}: {err}; name the file .png, .svg or .pdf") from None
     finally:
         plt.close(fig)
 
 
-def _panel(ax, series: Series, a: Analysis, result: LeakResult, limit: int | None) -> None:
-    """One series: samples, floors, fit and band, restarts, projection (times in hours)."""
-    hours = lambda t: np.asarray(t, dtype=float) / HOUR  # noqa: E731
-    gib = lambda b: np.asarray(b, dtype=float) / GIB  # noqa: E731
-    ax.plot(hours(a.t), gib(a.v), color="0.75", linewidth=0.6, label="samples")
+# Units of the axes, chosen by the span they show: (seconds per unit, name), (bytes per unit, name).
+_TIME_UNITS = ((HOUR, "hours"), (60.0, "minutes"), (1.0, "seconds"))
+_BYTE_UNITS = ((GIB, "GiB"), (2.0**20, "MiB"), (1.0, "bytes"))
+
+
+def axis_units(span_s: float, peak_bytes: float) -> tuple[tuple[float, str], tuple[float, str]]:
+    """The time unit that shows ``span_s`` as at least 2 of it (hours for 2 h and more, minutes
+    for 2 min and more, else seconds) and the byte unit that shows ``peak_bytes`` as at least 1."""
+    time = next((u for u in _TIME_UNITS if span_s >= 2 * u[0]), _TIME_UNITS[-1])
+    size = next((u for u in _BYTE_UNITS if peak_bytes >= u[0]), _BYTE_UNITS[-1])
+    return time, size
+
+
+def _panel(ax, series: Series, a: Analysis, result: LeakResult, j: Judgement, limit: int | None) -> None:
+    """One series: samples (visible points), floors, fit and band, restarts; the axes fit the
+    data, and the limit and the projection to it are annotations, never a stretched axis."""
+    span = float(a.t[-1] - a.t[0]) if a.t.size >= 2 else 0.0
+    (t_unit, t_name), (b_unit, b_name) = axis_units(span, float(a.v.max()) if a.v.size else 0.0)
+    x = lambda t: np.asarray(t, dtype=float) / t_unit  # noqa: E731
+    y = lambda b: np.asarray(b, dtype=float) / b_unit  # noqa: E731
+    ax.plot(x(a.t), y(a.v), color="0.6", linewidth=0.6, marker=".", markersize=2.5, label="samples")
     if a.floor is not None:
-        ax.plot(hours(a.floor[0]), gib(a.floor[1]), "o", color="tab:blue", markersize=3, label="floor (5-min blocks)")
+        ax.plot(x(a.floor[0]), y(a.floor[1]), "o", color="tab:blue", markersize=3, label="floor (5-min blocks)")
     if a.evidence is not None:
         ft, fv = a.evidence.floor
-        ax.plot(hours(ft), gib(fv), ".", color="tab:green", markersize=3, label="recent floor (fine blocks)")
+        ax.plot(x(ft), y(fv), ".", color="tab:green", markersize=3, label="recent floor (fine blocks)")
     for restart in a.restarts:
-        ax.axvline(restart / HOUR, color="tab:red", linestyle=":", linewidth=1)
+        ax.axvline(restart / t_unit, color="tab:red", linestyle=":", linewidth=1)
     fit = _fit_line(a, result)
     if fit is not None:
         tt, mid, low, high = fit
         what = "fitted rise" if result.evidence_seconds is not None else "growth over the segment (no steady rise)"
-        ax.plot(hours(tt), gib(mid), color="tab:orange", linewidth=2, label=what)
-        ax.fill_between(hours(tt), gib(low), gib(high), color="tab:orange", alpha=0.25, label="95% band")
+        ax.plot(x(tt), y(mid), color="tab:orange", linewidth=2, label=what)
+        ax.fill_between(x(tt), y(low), y(high), color="tab:orange", alpha=0.25, label="95% band")
+    if a.t.size:
+        ax.set_xlim(x(a.t[0]), x(a.t[-1]) if span > 0 else x(a.t[0]) + 1)
     if limit is not None:
-        ax.axhline(limit / GIB, color="tab:red", linewidth=1, label=f"limit {format_bytes(limit)}")
-        ttl = result.time_to_limit_seconds
-        if ttl is not None and a.rise is not None and math.isfinite(ttl):
-            end = a.rise.end_t_seconds
-            ax.plot(hours([end, end + ttl]), gib([a.rise.peak_bytes, limit]), "--", color="tab:red",
-                    label=f"projection: {ttl / HOUR:.1f} h to the limit")
-    verdict = "leak" if result.leak else "no leak"
-    ax.set_title(f"{series.label}: {verdict}, growth {format_bytes(result.growth_bytes_per_hour)}/h "
-                 f"(95% lower bound {format_bytes(result.growth_low_bytes_per_hour)}/h)", fontsize=9)
-    ax.set_xlabel("hours" + ("" if series.origin is None else f" since {series.origin:%Y/%m/%d %H:%M:%S}"))
-    ax.set_ylabel("GiB")
+        _limit_note(ax, a, result, limit, b_unit)
+    growth = (f", growth {format_bytes(result.growth_bytes_per_hour)}/h "
+              f"(95% lower bound {format_bytes(result.growth_low_bytes_per_hour)}/h)") if a.rise is not None else ""
+    why = f"\n{j.detail}" if j.verdict is Verdict.UNDETERMINED else ""
+    ax.set_title(f"{series.label}: {j.text}{growth}{why}", fontsize=9)
+    ax.set_xlabel(t_name + ("" if series.origin is None else f" since {series.origin:%Y/%m/%d %H:%M:%S}"))
+    ax.set_ylabel(b_name)
     ax.legend(loc="upper left", fontsize=7)
+
+
+def _limit_note(ax, a: Analysis, result: LeakResult, limit: int, b_unit: float) -> None:
+    """The limit as a line when it lies within the data's range (or just above it), else as a
+    note; the projection to it as a note at the last sample."""
+    low, high = ax.get_ylim()
+    if limit / b_unit <= high + (high - low) * 0.5:
+        ax.axhline(limit / b_unit, color="tab:red", linewidth=1, label=f"limit {format_bytes(limit)}")
+    ttl = result.time_to_limit_seconds
+    eta = "not projected (no significant growth)" if ttl is None or not math.isfinite(ttl) \
+        else f"reached in {format_seconds(ttl)} at {format_bytes(result.growth_bytes_per_hour)}/h"
+    ax.annotate(f"limit {format_bytes(limit)}: {eta}", xy=(1.0, 1.0), xycoords="axes fraction",
+                xytext=(-4, -4), textcoords="offset points", ha="right", va="top", fontsize=8, color="tab:red")
 
 
 def _fit_line(a: Analysis, result: LeakResult) -> tuple[np.ndarray, ...] | None:

@@ -10,13 +10,13 @@ imports kopf or the Kubernetes client: ``vramguard analyze``, ``replay`` and
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from collections.abc import Sequence
 
 import click
 
+from vramguard_api.cliargs import CONTEXT, OneLineParser, run_main
 from vramguard_operator.cli.run_operator import operator_command
 from vramguard_operator.cli.top.command import top_command
 
@@ -38,19 +38,22 @@ def argparse_command(name: str, module_name: str, help_text: str) -> click.Comma
         name,
         help=help_text,
         add_help_option=False,
-        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                          "help_option_names": []},
     )
     @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
     def command(argv: tuple[str, ...]) -> int:
         module = importlib.import_module(module_name)
-        parser = argparse.ArgumentParser(prog=f"vramguard {name}", description=help_text)
+        parser = OneLineParser(prog=f"vramguard {name}", description=help_text)
         module.add_arguments(parser)
         return int(module.run(parser.parse_args(list(argv))))
 
     return command
 
 
-@click.group(name="vramguard", help="GPU memory budgets for Kubernetes: the operator and its tools.")
+@click.group(name="vramguard", help="GPU memory budgets for Kubernetes: the operator and its tools.",
+             context_settings=CONTEXT)
+@click.version_option(package_name="vramguard", prog_name="vramguard", message="%(prog)s %(version)s")
 def vramguard() -> None:
     """The command group (its subcommands do the work)."""
 
@@ -63,16 +66,9 @@ for _name, (_module, _help) in ARGPARSE_SUBCOMMANDS.items():
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``vramguard``; returns the process exit status (2 with a
-    message on stderr for a bad flag or value)."""
-    try:
-        rv = vramguard.main(args=list(argv) if argv is not None else None, prog_name="vramguard",
-                            standalone_mode=False)
-    except click.ClickException as err:
-        err.show()
-        return err.exit_code
-    except click.Abort:
-        return 1
-    return int(rv or 0)
+    one-line message on stderr for a bad flag, value or file: ``run_main``)."""
+    return run_main("vramguard", lambda: vramguard.main(args=list(argv) if argv is not None else None,
+                                                        prog_name="vramguard", standalone_mode=False))
 
 
 if __name__ == "__main__":

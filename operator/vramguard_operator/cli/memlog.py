@@ -8,10 +8,13 @@ from __future__ import annotations
 import csv
 import math
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+
+from vramguard_api.units import MAX_BYTES
 
 # nvidia-smi writes "[N/A]", "[Not Supported]", "[Insufficient Permissions]"... for unknown values.
 _UNKNOWN = re.compile(r"^\[.*\]$|^N/A$", re.IGNORECASE)
@@ -46,6 +49,7 @@ class Series:
     values: list[float] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
     origin: datetime | None = None  # wall-clock time of t = 0 (nvidia-smi logs)
+    total: float | None = None  # the device's memory.total (bytes), when the log has that column
 
     def add(self, t: float, value: float, line: int) -> None:
         """Append a sample; a second sample at the same time adds to it (one pid on two GPUs)."""
@@ -67,8 +71,9 @@ def read_log(path: Path, interval_s: float | None = None) -> list[Series]:
 
     ``interval_s``: seconds per step of a step-indexed log (a ``step`` or
     ``iteration`` column, or no time column at all); such a log without it, or a
-    log with timestamps given one, is an error that says so."""
-    rows = list(_rows(path.read_text(encoding="utf-8")))
+    log with timestamps given one, is an error that says so. ``-`` reads stdin."""
+    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    rows = list(_rows(text))
     if not rows:
         raise LogError("no samples")
     first = rows[0][1]
@@ -119,6 +124,8 @@ def _read_plain(rows: list[tuple[int, list[str]]], label: str, interval_s: float
         value = _memory(text, unit, line) if with_unit and with_unit.group(2) else _number(text, line, "bytes") * unit
         if value < 0:
             raise LogError(f"line {line}: bytes must not be negative, got {text!r}")
+        if value > MAX_BYTES:
+            raise LogError(f"line {line}: bytes {text!r} is above the maximum of 8Pi (2^53 bytes)")
         if previous is not None and t <= previous:
             raise LogError(f"line {line}: {columns.split(',')[0]} must increase, got {t:g} after {previous:g}")
         previous = t
@@ -139,6 +146,7 @@ def _read_nvidia_smi(rows: list[tuple[int, list[str]]]) -> list[Series]:
             f"or memory.used columns, got {', '.join(header)}"
         )
     unit = _header_unit(header[memory])
+    total = columns.get("memory.total")
     series: dict[tuple[str, ...], Series] = {}
     origin: datetime | None = None
     loop_start, ordinal = None, 0
@@ -159,6 +167,8 @@ def _read_nvidia_smi(rows: list[tuple[int, list[str]]]) -> list[Series]:
         key, label, pid = _series_key(fields, columns, ordinal)
         s = series.setdefault(key, Series(label=label, pid=pid, origin=origin))
         s.add((stamp - origin).total_seconds(), _memory(fields[memory], unit, line), line)
+        if total is not None and not math.isnan(size := _memory(fields[total], _header_unit(header[total]), line)):
+            s.total = size
     if not series:
         raise LogError("no samples")
     return list(series.values())
@@ -219,7 +229,10 @@ def _memory(text: str, unit: int, line: int) -> float:
     if not match:
         raise LogError(f"line {line}: bad memory value {text!r} (want e.g. 1234 MiB)")
     scale = _UNIT_BYTES[match.group(2).upper()] if match.group(2) else unit
-    return float(match.group(1)) * scale
+    value = float(match.group(1)) * scale
+    if value > MAX_BYTES:
+        raise LogError(f"line {line}: memory value {text!r} is above the maximum of 8Pi (2^53 bytes)")
+    return value
 
 
 def _timestamp(text: str) -> datetime | None:

@@ -16,6 +16,12 @@ features come from the agent's own history code with the agent's defaults
 300 s per pod with the agent's per-pod stagger, which follows from the pod's
 uid: ``pod_uid``), so the leak rule sees the features the agent would have
 reported at each sample. The run itself is ``replay_run``.
+
+After the decisions it gives each pod the verdict ``vramguard analyze`` would
+give its VRAM series (leak, no leak, or undetermined with the reason;
+``vramguard_api.leak.judgement``). Exit status (docs/cli.md, "Exit codes"):
+0, or 1 when ``--fail-on STEP`` is given and a decision took that step (dry
+run included: it is what would have happened), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -23,18 +29,25 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, get_args
 
 import yaml
 from pydantic import ValidationError
 
 from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.cliargs import duration_arg, one_line
+from vramguard_api.explain import validation_error
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S
-from vramguard_api.units import format_bytes, quantity_to_bytes
+from vramguard_api.leak import analyse, verdict
+from vramguard_api.leak.judgement import Judgement, judge
+from vramguard_api.units import MAX_BYTES, format_bytes, format_seconds, quantity_to_bytes
+from vramguard_operator.engine.outputs import DecisionAction
 from vramguard_operator.engine.types import Decision, DryRunStep, EngineConfig
 
 from .replay_run import TREND_WINDOW_S, ReplayError, Sample, replay_steps
@@ -63,14 +76,23 @@ class ReplayEvent:
             "violation": self.violation,
             "observed_bytes": self.observed_bytes,
             "limit_bytes": self.limit_bytes,
+            "message": self.message,
+            "dry_run": self.dry_run,
         }
+
+
+STEPS: tuple[str, ...] = get_args(DecisionAction)
+MAX_T_SECONDS = 10 * 365 * 86400.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``vramguard replay``."""
     parser.add_argument("--budget", required=True, type=Path, help="GPUMemoryBudget YAML file")
     parser.add_argument("--usage", required=True, type=Path, help="CSV: t_seconds,pod,vram_bytes[,ram_bytes]")
-    parser.add_argument("--json", action="store_true", help="print a JSON list of decisions")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: decisions and each pod's leak verdict")
+    parser.add_argument("--fail-on", metavar="STEP", choices=STEPS,
+                        help=f"exit 1 when any decision takes this step ({', '.join(STEPS)}), for CI")
     parser.add_argument(
         "--device-memory",
         default="80Gi",
@@ -78,16 +100,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--trend-window",
-        type=float,
+        metavar="DURATION",
+        type=duration_arg("--trend-window", legacy_unit_s=1.0, positive=True, maximum_s=30 * 86400.0),
         default=TREND_WINDOW_S,
-        help=f"seconds of history for leak trend features (default {TREND_WINDOW_S:.0f}, the agent's); as in the"
+        help=f"history for leak trend features (default {format_seconds(TREND_WINDOW_S)}, the agent's; a bare"
+        " number of seconds is deprecated); as in the"
         f" agent, {DEFAULT_MAX_POINTS} points per history, features recomputed every"
         f" {DEFAULT_TREND_INTERVAL_S:.0f} s per pod",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the replay; 0 on success, 2 on bad input (message on stderr)."""
+    """Run the replay; 0 on success, 1 when ``--fail-on`` STEP was taken, 2 on bad input (message on stderr)."""
     try:
         budget = load_budget(args.budget)
         samples = load_usage(args.usage)
@@ -96,12 +120,33 @@ def run(args: argparse.Namespace) -> int:
     except (ReplayError, ValueError, OSError) as err:
         print(f"vramguard replay: {err}", file=sys.stderr)
         return 2
+    verdicts = pod_verdicts(samples)
     if args.json:
-        json.dump([e.to_json() for e in events], sys.stdout, indent=1)
+        json.dump({"decisions": [e.to_json() for e in events],
+                   "pods": [{"pod": pod, "verdict": j.verdict.value, "reason": j.reason and j.reason.value,
+                             "detail": j.detail or None} for pod, j in verdicts.items()]},
+                  sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print_table(events, sys.stdout)
-    return 0
+        for pod, j in verdicts.items():
+            print(f"{pod}: leak: {j.text}" + (f": {j.detail}" if j.detail else ""))
+    return 1 if args.fail_on is not None and any(e.action == args.fail_on for e in events) else 0
+
+
+def pod_verdicts(samples: Sequence[Sample]) -> dict[str, Judgement]:
+    """Each pod's leak verdict on its VRAM series (unknown values as NaN), with the
+    detector's default thresholds, as ``vramguard analyze`` gives it; pods in order of first row."""
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for s in samples:
+        times, values = series.setdefault(s.pod, ([], []))
+        times.append(s.t)
+        values.append(float("nan") if s.vram is None else float(s.vram))
+    out = {}
+    for pod, (times, values) in series.items():
+        a = analyse(times, values)
+        out[pod] = judge(a, verdict(a))
+    return out
 
 
 # --- input ---------------------------------------------------------------------------
@@ -110,11 +155,13 @@ def run(args: argparse.Namespace) -> int:
 def load_budget(path: Path) -> GPUMemoryBudget:
     """The first GPUMemoryBudget document of a YAML file; metadata defaults to
     ``replay/<file stem>``. Raises ``ReplayError`` naming the file and field."""
-    with path.open() as f:
+    with path.open(encoding="utf-8") as f:
         try:
             docs = [d for d in yaml.safe_load_all(f) if d]
         except yaml.YAMLError as err:
-            raise ReplayError(f"{path}: invalid YAML: {err}") from None
+            raise ReplayError(f"{path}: invalid YAML: {one_line(str(err))}") from None
+        except UnicodeDecodeError as err:
+            raise ReplayError(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
     doc = next((d for d in docs if isinstance(d, dict) and d.get("kind") == "GPUMemoryBudget"), None)
     if doc is None:
         raise ReplayError(f"{path}: no GPUMemoryBudget document")
@@ -129,15 +176,18 @@ def load_budget(path: Path) -> GPUMemoryBudget:
     try:
         return GPUMemoryBudget.model_validate(doc)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ReplayError(f"{path}: {where}: {first['msg']}") from None
+        raise ReplayError(f"{path}: {validation_error(err, GPUMemoryBudget)}") from None
 
 
 def load_usage(path: Path) -> list[Sample]:
-    """Read the usage CSV. Raises ``ReplayError`` naming the line and field."""
-    with path.open(newline="") as f:
-        return parse_usage(f, str(path))
+    """Read the usage CSV. Raises ``ReplayError`` naming the file, line and field."""
+    with path.open(newline="", encoding="utf-8") as f:
+        try:
+            return parse_usage(f, str(path))
+        except UnicodeDecodeError as err:
+            raise ReplayError(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
+        except csv.Error as err:
+            raise ReplayError(f"{path}: not a CSV file ({err})") from None
 
 
 def parse_usage(f: Iterable[str], name: str = "usage") -> list[Sample]:
@@ -155,6 +205,9 @@ def parse_usage(f: Iterable[str], name: str = "usage") -> list[Sample]:
             t = float(row["t_seconds"])
         except (TypeError, ValueError):
             raise ReplayError(f"{name}:{line}: t_seconds: not a number: {row['t_seconds']!r}") from None
+        if not 0 <= t <= MAX_T_SECONDS:
+            raise ReplayError(f"{name}:{line}: t_seconds: {row['t_seconds']!r} is not in [0, {MAX_T_SECONDS:.0f}]"
+                              " (seconds from the start of the recording, at most 10 years)")
         pod = (row["pod"] or "").strip()
         if not pod:
             raise ReplayError(f"{name}:{line}: pod: empty")
@@ -166,6 +219,8 @@ def parse_usage(f: Iterable[str], name: str = "usage") -> list[Sample]:
                 _bytes(row.get("ram_bytes"), name, line, "ram_bytes"),
             )
         )
+    if not out:
+        raise ReplayError(f"{name}: no samples (a header and no rows): want t_seconds,pod,vram_bytes rows")
     out.sort(key=lambda s: s.t)
     return out
 
@@ -176,9 +231,11 @@ def _bytes(value: str | None, name: str, line: int, field: str) -> int | None:
     try:
         number = float(value)
     except ValueError:
-        raise ReplayError(f"{name}:{line}: {field}: not a number: {value!r}") from None
+        raise ReplayError(f"{name}:{line}: {field}: not a number: {value!r} (want bytes, e.g. 21474836480)") from None
     if number < 0:
         raise ReplayError(f"{name}:{line}: {field}: negative: {value!r}")
+    if not number <= MAX_BYTES:  # also NaN and inf (1e400)
+        raise ReplayError(f"{name}:{line}: {field}: {value!r} is above the maximum of 8Pi (2^53 bytes)")
     return int(number)
 
 
@@ -209,12 +266,23 @@ def _events(t: float, decisions: Iterable[Decision]) -> Iterable[ReplayEvent]:
             violation=d.violation.kind,
             observed_bytes=d.observed_bytes,
             limit_bytes=d.limit_bytes,
-            message=d.event.message,
+            message=relative_times(d.event.message),
             dry_run=isinstance(d, DryRunStep),
         )
 
 
 # --- output ---------------------------------------------------------------------------
+
+# The engine's messages carry RFC 3339 times; the replay's clock starts at the Unix epoch.
+_STAMP = re.compile(r"\b(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z)")
+
+
+def relative_times(message: str) -> str:
+    """``message`` with each RFC 3339 time (the replay's clock: seconds since the
+    recording's t=0 as Unix time) written as ``t=8m`` from the start of the log."""
+    return _STAMP.sub(lambda m: "t=" + format_seconds(
+        datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()), message)
+
 
 
 def print_table(events: Sequence[ReplayEvent], out: TextIO) -> None:

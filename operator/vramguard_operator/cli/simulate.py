@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
+from vramguard_api.cliargs import duration_arg
 from vramguard_operator.simulate.nodes import parse_nodes
 from vramguard_operator.simulate.policyfile import load_policy
 from vramguard_operator.simulate.results import render
@@ -28,8 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPU nodes: a number of time-sliced nodes (8 GPUs x 4 replicas), or counts by kind, "
         "e.g. time-slicing=16,mps=2,mig=1,vgpu=1 (default 20)",
     )
-    parser.add_argument("--hours", type=float, default=24.0, help="simulated hours (default 24)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the workload mix and the scheduler (default 1)")
+    parser.add_argument("--duration", "--hours", dest="hours_s", metavar="DURATION", default=24 * 3600.0,
+                        type=duration_arg("--duration", legacy_unit_s=3600.0, positive=True, maximum_s=365 * 86400.0),
+                        help="simulated time, a Go duration (default 24h; --hours N, a bare number of hours, "
+                        "is deprecated)")
+    parser.add_argument("--seed", type=_seed, default=1,
+                        help="seed of the workload mix and the scheduler, 0 to 2^32-1 (default 1)")
     parser.add_argument(
         "--mix",
         default=DEFAULT_MIX_TEXT,
@@ -46,10 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tick",
-        type=float,
+        metavar="DURATION",
+        type=duration_arg("--tick", legacy_unit_s=1.0, positive=True, maximum_s=3600.0),
         default=10.0,
-        help="seconds between samples: the agent's sampling interval, the time step of memory "
-        "and of vramguard's decisions (default 10)",
+        help="time between samples: the agent's sampling interval, the time step of memory "
+        "and of vramguard's decisions (default 10s; a bare number of seconds is deprecated)",
     )
     parser.add_argument(
         "--no-caps",
@@ -61,11 +68,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the runs' figures as JSON")
 
 
+def progress_line(hours: float, caps: bool) -> Callable[[str, float], None]:
+    """A progress line on stderr, rewritten in place (a terminal): the run (1 of 3: vramguard off,
+    on, with caps) and the simulated hours done."""
+    runs = ("off", "on", "caps") if caps else ("off", "on")
+    names = {"off": "vramguard off", "on": "vramguard on", "caps": "on, with caps"}
+
+    def show(run: str, done: float) -> None:
+        sys.stderr.write(f"\rsimulate: run {runs.index(run) + 1} of {len(runs)} ({names[run]}): "
+                         f"{done:.0f}h of {hours:g}h simulated ")
+        sys.stderr.flush()
+
+    return show
+
+
+def _seed(text: str) -> int:
+    """A seed in [0, 2^32) (numpy's SeedSequence takes any, but a bound keeps the flag's type honest)."""
+    if not text.strip().isdigit() or int(text) >= 2**32:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a whole number from 0 to {2**32 - 1}")
+    return int(text)
+
+
 def config_from(args: argparse.Namespace) -> SimulationConfig:
     """The simulation the flags ask for; raises ``ValueError`` naming the flag."""
     return SimulationConfig(
         nodes=parse_nodes(args.nodes),
-        hours=args.hours,
+        hours=args.hours_s / 3600.0,
         seed=args.seed,
         mix=parse_mix(args.mix),
         load=args.load,
@@ -82,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"vramguard simulate: {err}", file=sys.stderr)
         return 2
     assert config.policy is not None
-    result = compare(config, config.policy, caps=args.caps)
+    show = progress_line(config.hours, args.caps) if sys.stderr.isatty() and not args.json else None
+    result = compare(config, config.policy, caps=args.caps, progress=show)
+    if show is not None:
+        sys.stderr.write("\n")
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -9,11 +9,13 @@ stdout stays free for what a command prints.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import replace
 
 import kopf
 
+from vramguard_api.cliargs import one_line
 from vramguard_operator.controller.metrics import process_metrics, serve_metrics
 from vramguard_operator.controller.settings import OperatorSettings, default_key_path, default_state_key
 
@@ -27,10 +29,31 @@ _CHATTY_LOGGERS = ("kopf.objects", "kopf.activities.probe", "aiohttp.access")
 def configure_logging(settings: OperatorSettings) -> None:
     """kopf's log handler (stderr) at the level the flags ask for; kopf's
     per-event and per-probe lines only at DEBUG."""
-    kopf.configure(debug=settings.debug, verbose=settings.verbose, quiet=settings.quiet)
+    kopf.configure(debug=settings.debug, verbose=settings.verbose, quiet=settings.quiet,
+                   log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL)
     if not (settings.verbose or settings.debug):
         for name in _CHATTY_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def no_credentials() -> str | None:
+    """Why the operator has no way to reach an API server, or None when it has one: kopf
+    would otherwise log a traceback and retry every minute. The sources are kopf's (and
+    kubectl's): the in-cluster service account, else $KUBECONFIG or ~/.kube/config."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+        return None
+    except config.ConfigException:
+        pass
+    try:
+        config.load_kube_config()
+        return None
+    except (config.ConfigException, OSError, TypeError, ValueError) as err:  # TypeError: an empty file
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        return (f"no Kubernetes credentials: not in a cluster (no service account token) and no usable "
+                f"kubeconfig at {where} ({one_line(str(err))}); set KUBECONFIG or run in a pod")
 
 
 def run(settings: OperatorSettings) -> int:
@@ -45,6 +68,10 @@ def run(settings: OperatorSettings) -> int:
     if settings.webhook is not None:
         from vramguard_operator.controller import webhooks  # noqa: F401
     configure_logging(settings)
+    missing = no_credentials()
+    if missing is not None:
+        print(f"vramguard operator: {missing}", file=sys.stderr)
+        return 1
     if settings.config.state_key is None:
         # never obey state that cannot be verified: a key of our own, kept
         key, note = default_state_key(default_key_path())

@@ -48,6 +48,9 @@ _DURATIONS = (
 )
 MIN_STATE_KEY_BYTES = 16
 
+# --log-format: kopf.LogFormat FULL ("text") or JSON, named as Kubernetes components name theirs.
+LOG_FORMATS = ("text", "json")
+
 
 @dataclass(frozen=True, slots=True)
 class OperatorConfig:
@@ -154,6 +157,7 @@ class OperatorSettings:
     verbose: bool = False
     debug: bool = False
     quiet: bool = False
+    log_format: str = "text"
 
 
 class _TrueWord(click.ParamType):
@@ -273,6 +277,9 @@ def parameters() -> list[click.Parameter]:
         click.Option(["-v", "--verbose"], is_flag=True, help="log at DEBUG level"),
         click.Option(["-d", "--debug"], is_flag=True, help="DEBUG, with asyncio's logs"),
         click.Option(["-q", "--quiet"], is_flag=True, help="log warnings and errors only"),
+        env("--log-format", "VRAMGUARD_LOG_FORMAT", "text", type=click.Choice(LOG_FORMATS),
+            help="text (kopf's: time, logger, level, message) or json (one object per line, for log "
+            "collectors) (env VRAMGUARD_LOG_FORMAT; default text)"),
     ]
 
 
@@ -350,6 +357,7 @@ def from_params(params: Mapping[str, Any]) -> OperatorSettings:
         verbose=params["verbose"],
         debug=params["debug"],
         quiet=params["quiet"],
+        log_format=params["log_format"],
     )
 
 

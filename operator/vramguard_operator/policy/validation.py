@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudget, ViolationKind
+from vramguard_api.explain import explain_errors
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.steps import BLOCKING_STEPS
 from vramguard_api.units import format_bytes
@@ -41,14 +42,8 @@ def parse_budget(obj: Mapping[str, Any] | GPUMemoryBudget) -> GPUMemoryBudget | 
             {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "metadata", "spec")}
         )
     except ValidationError as err:
-        return [
-            FieldError(
-                ".".join(str(p) for p in e["loc"]) or "spec",
-                repr(e.get("input"))[:200],
-                e["msg"],
-            )
-            for e in err.errors()
-        ]
+        # unknown keys first, with the closest known one; patterns in words, with a hint
+        return [FieldError(path, repr(value)[:200], what) for path, what, value in explain_errors(err, GPUMemoryBudget)]
 
 
 def check_budget(

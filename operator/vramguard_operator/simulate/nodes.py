@@ -60,6 +60,10 @@ class NodeKind:
     vgpu: bool = False
 
 
+# The most nodes one simulation takes: docs/operator.md's sizing measured up to
+# 2,000; beyond 10,000 a run would take hours and most of the machine's memory.
+MAX_NODES = 10_000
+
 NODE_KINDS: dict[str, NodeKind] = {
     "time-slicing": NodeKind(
         "time-slicing", "NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3", 8, 81559 * MIB, 579 * MIB, 4 * MIB,
@@ -84,10 +88,8 @@ def parse_nodes(text: str) -> dict[str, int]:
     """``20`` (time-sliced nodes) or ``time-slicing=16,mps=2,mig=1,vgpu=1``.
     Raises ``ValueError`` naming ``--nodes`` and the bad item."""
     text = text.strip()
-    if text.isdigit():
-        return {"time-slicing": int(text)}
-    out: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    out: dict[str, int] = {"time-slicing": int(text)} if text.isdigit() else {}
+    for item in filter(None, (part.strip() for part in ("" if out else text).split(","))):
         kind, sep, count = item.partition("=")
         if not sep or kind.strip() not in NODE_KINDS or not count.strip().isdigit():
             raise ValueError(
@@ -96,6 +98,8 @@ def parse_nodes(text: str) -> dict[str, int]:
         out[kind.strip()] = out.get(kind.strip(), 0) + int(count)
     if sum(out.values()) <= 0:
         raise ValueError(f"--nodes: {text!r} gives no node")
+    if sum(out.values()) > MAX_NODES:
+        raise ValueError(f"--nodes: {text!r} is {sum(out.values())} nodes, above the maximum of {MAX_NODES}")
     return out
 
 

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.explain import validation_error
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_operator.simulate.workloads import NAMESPACES
 
@@ -93,9 +94,7 @@ def _model(cls: Any, doc: dict[str, Any], where: str) -> Any:
     try:
         return cls.model_validate(doc)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise ValueError(f"{where}: {loc}: {first['msg']}") from err
+        raise ValueError(f"{where}: {validation_error(err, cls)}") from None
 
 
 def _budget(doc: dict[str, Any], where: str) -> GPUMemoryBudget:

@@ -9,7 +9,7 @@ vramguard off and on.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
@@ -56,8 +56,12 @@ class SimulationConfig:
             raise ValueError(f"mix: unknown kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
 
 
-def simulate(config: SimulationConfig) -> RunFigures:
-    """Run one configuration to the end and return its figures."""
+Progress = Callable[[float], None]
+"""Called with the simulated hours done, once per simulated hour and at the end."""
+
+
+def simulate(config: SimulationConfig, progress: Progress | None = None) -> RunFigures:
+    """Run one configuration to the end and return its figures; ``progress`` hears each simulated hour."""
     started, cpu = time.perf_counter(), time.process_time()
     nodes = build_nodes(dict(config.nodes))
     slots = sum(g.capacity for n in nodes for g in n.gpus)
@@ -65,23 +69,32 @@ def simulate(config: SimulationConfig) -> RunFigures:
     fleet = Fleet(nodes, workloads, config.seed, config.tick_s)
     guard = Vramguard(config.policy, fleet, config.control) if config.policy is not None else None
     steps = round(config.hours * 3600 / config.tick_s)
+    per_hour = max(1, round(3600 / config.tick_s))
     for i in range(1, steps + 1):
         t = i * config.tick_s
         fleet.step(t)
         if guard is not None:
             guard.step(t)
+        if progress is not None and (i % per_hour == 0 or i == steps):
+            progress(t / 3600)
     return _figures(fleet, guard, steps * config.tick_s, time.perf_counter() - started, time.process_time() - cpu)
 
 
-def compare(config: SimulationConfig, policy: PolicySet, caps: bool = True) -> Comparison:
+def compare(config: SimulationConfig, policy: PolicySet, caps: bool = True,
+            progress: Callable[[str, float], None] | None = None) -> Comparison:
     """The same seed with vramguard off, then on with ``policy``, then (with
     ``caps``) on with the same policy and driver-enforced memory limits: the
-    node agents apply them (``--enforce-caps``) and the devices enforce them."""
-    off = simulate(replace(config, policy=None))
-    on = simulate(replace(config, policy=policy))
+    node agents apply them (``--enforce-caps``) and the devices enforce them.
+    ``progress`` hears (the run's name: off, on, caps; simulated hours done)."""
+    def hears(name: str) -> Progress | None:
+        return None if progress is None else (lambda hours: progress(name, hours))
+
+    off = simulate(replace(config, policy=None), hears("off"))
+    on = simulate(replace(config, policy=policy), hears("on"))
     with_caps = None
     if caps:
-        with_caps = simulate(replace(config, policy=policy, control=replace(config.control, caps=True)))
+        with_caps = simulate(replace(config, policy=policy, control=replace(config.control, caps=True)),
+                             hears("caps"))
     setup = {
         "seed": config.seed,
         "hours": config.hours,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import click
 import pytest
+import yaml
 
 from vramguard_agent.agent import AgentConfig
 from vramguard_agent.cli import main
@@ -230,3 +231,16 @@ def test_bad_enforce_caps_environment_names_the_variable(monkeypatch, capsys):
     exit_.value.show()
     err = capsys.readouterr().err
     assert "--enforce-caps" in err and "VRAMGUARD_ENFORCE_CAPS" in err and "'maybe'" in err
+
+
+def test_once_without_a_readable_device_prints_the_report_and_exits_1(tmp_path, capsys):
+    doc = yaml.safe_load(DEMO.read_text())
+    for n in doc["nodes"]:
+        n["faults"] = [{"type": "nvml-unavailable", "from": "0s", "until": "1h"}]
+    path = tmp_path / "down.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["once", "--backend", "sim", "--scenario", str(path), "--node", "gpu-a10-vgpu"]) == 1
+    out, err = capsys.readouterr()
+    status = NodeGPUUsageStatus.model_validate(json.loads(out))
+    assert status.healthy_devices == 0 and status.devices == []
+    assert err.splitlines() == [err.strip()] and err.startswith("vramguard-agent once: no GPU device can be read:")

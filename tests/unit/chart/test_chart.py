@@ -515,8 +515,8 @@ def test_monitoring_objects():
         assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
     rules = {r["alert"]: r for r in one(objs, "PrometheusRule")["spec"]["groups"][0]["rules"]}
     assert set(rules) == {"VRAMGuardBudgetNearLimit", "VRAMGuardBudgetViolation",
-                          "VRAMGuardMemoryLeakSuspected", "VRAMGuardAgentStale", "VRAMGuardEvaluationErrors",
-                          "VRAMGuardInnocentOOMKill"}
+                          "VRAMGuardMemoryLeakSuspected", "VRAMGuardAgentStale", "VRAMGuardAgentUnhealthy",
+                          "VRAMGuardEvaluationErrors", "VRAMGuardInnocentOOMKill"}
     assert rules["VRAMGuardBudgetNearLimit"]["expr"].endswith(">= 0.9")
     assert rules["VRAMGuardAgentStale"]["expr"].endswith("> 60")
     assert rules["VRAMGuardBudgetNearLimit"]["for"] == "10m"

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "hack" / "cluster"))  # localkube, as hack/demo/run.py does
 _spec = importlib.util.spec_from_file_location("demo_realnode", ROOT / "hack" / "demo" / "realnode.py")
 assert _spec is not None and _spec.loader is not None
 R = importlib.util.module_from_spec(_spec)

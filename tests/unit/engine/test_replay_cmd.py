@@ -26,10 +26,12 @@ def test_example_json_shows_the_whole_ladder(capsys):
         capsys, "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(EXAMPLE / "usage.csv"), "--json"
     )
     assert rc == 0
-    decisions = json.loads(out)
+    decisions = json.loads(out)["decisions"]
     assert all(
-        set(d) == {"t_seconds", "pod", "action", "violation", "observed_bytes", "limit_bytes"} for d in decisions
+        set(d) == {"t_seconds", "pod", "action", "violation", "observed_bytes", "limit_bytes", "message", "dry_run"}
+        for d in decisions
     )
+    assert "worker-0" in decisions[1]["message"] and decisions[1]["dry_run"] is False
     assert [(d["t_seconds"], d["pod"], d["action"]) for d in decisions] == [
         (180, "worker-0", "Warn"),
         (360, "worker-0", "Annotate"),  # 21Gi at 240s is within the 10% overshoot: opens after 2m
@@ -51,7 +53,8 @@ def test_example_table(capsys):
     assert lines[0].split()[:6] == ["T_SECONDS", "POD", "ACTION", "VIOLATION", "OBSERVED", "LIMIT"]
     assert lines[4].split()[:6] == ["660", "worker-0", "Throttle", "PodVRAM", "23Gi", "20Gi"]
     assert "CPU limit set to 200m" in lines[4]
-    assert len(lines) == 8
+    assert len(lines) == 10  # the table, then each pod's leak verdict
+    assert [line.split(":")[0] for line in lines[8:]] == ["worker-0", "worker-1"]
 
 
 def write(tmp_path: Path, budget: dict, rows: list[str]) -> tuple[str, str]:
@@ -90,7 +93,7 @@ def test_ram_and_totals_in_dry_run_without_ram_column_for_vram(tmp_path, capsys)
     b, u = write(tmp_path, BUDGET, rows)
     rc, out, _ = replay(capsys, "--budget", b, "--usage", u, "--json")
     assert rc == 0
-    got = [(d["t_seconds"], d["pod"], d["action"], d["violation"]) for d in json.loads(out)]
+    got = [(d["t_seconds"], d["pod"], d["action"], d["violation"]) for d in json.loads(out)["decisions"]]
     assert got == [
         (0, "a", "Annotate", "PodRAM"),
         (0, "a", "Annotate", "TotalVRAM"),
@@ -106,7 +109,7 @@ def test_csv_without_ram_column(tmp_path, capsys):
     budget = {**BUDGET, "spec": {**BUDGET["spec"], "limits": {"perPod": {"vram": "1Gi"}}}}
     b, u = write(tmp_path, budget, ["t_seconds,pod,vram_bytes", f"0,a,{2 * GI}"])
     rc, out, _ = replay(capsys, "--budget", b, "--usage", u, "--json")
-    assert rc == 0 and [d["action"] for d in json.loads(out)] == ["Annotate"]
+    assert rc == 0 and [d["action"] for d in json.loads(out)["decisions"]] == ["Annotate"]
 
 
 @pytest.mark.parametrize(
@@ -164,8 +167,33 @@ def test_replay_detects_a_leak_under_a_sawtooth_and_not_the_sawtooth(tmp_path, c
     b, u = write(tmp_path, LEAK_BUDGET, rows)
     rc, out, _ = replay(capsys, "--budget", b, "--usage", u, "--json")
     assert rc == 0
-    got = json.loads(out)
+    got = json.loads(out)["decisions"]
     assert {(d["pod"], d["violation"]) for d in got} == {("leaky", "Leak")}
     first = got[0]
     assert first["action"] == "Annotate" and first["t_seconds"] >= 1800  # not before minWindow
     assert 1.0 * GI < first["observed_bytes"] < 3.0 * GI  # growth per hour, about 2Gi/h
+
+
+def test_fail_on_a_step_exits_1_only_when_that_step_was_taken(capsys):
+    args = ("--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(EXAMPLE / "usage.csv"))
+    assert replay(capsys, *args, "--fail-on", "Evict")[0] == 1
+    assert replay(capsys, *args, "--fail-on", "Cap")[0] == 0
+    assert replay(capsys, *args)[0] == 0
+
+
+def test_each_pod_gets_the_leak_verdict_analyze_would_give(capsys, tmp_path):
+    usage = tmp_path / "usage.csv"
+    usage.write_text("t_seconds,pod,vram_bytes\n" + "".join(f"{t},short,{GI}\n" for t in range(0, 60, 10))
+                     + "".join(f"{t},blank,\n" for t in range(0, 60, 10)))
+    rc, out, _ = replay(capsys, "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(usage), "--json")
+    pods = {p["pod"]: p for p in json.loads(out)["pods"]}
+    assert rc == 0 and (pods["short"]["verdict"], pods["short"]["reason"]) == ("Undetermined", "TooShort")
+    assert (pods["blank"]["verdict"], pods["blank"]["reason"]) == ("Undetermined", "NoUsableValues")
+    rc, out, _ = replay(capsys, "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(usage))
+    assert "short: leak: undetermined (too short): 6 samples over" in out
+
+
+def test_times_in_messages_are_relative_to_the_start_of_the_log(capsys):
+    rc, out, _ = replay(capsys, "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(EXAMPLE / "usage.csv"))
+    assert rc == 0 and "1970" not in out
+    assert "above its PodVRAM limit 20Gi since t=4m. Annotated. Next: Throttle at t=11m." in out

@@ -68,6 +68,9 @@ def test_plain_csv_leak_with_limit(capsys):
     [obj] = objects(out)
     assert set(obj) == {
         "series",
+        "verdict",
+        "reason",
+        "detail",
         "leak",
         "growth_bytes_per_hour",
         "growth_low_bytes_per_hour",
@@ -78,7 +81,8 @@ def test_plain_csv_leak_with_limit(capsys):
         "too_short",
         "needed_seconds",
     }
-    assert obj["leak"] is True and obj["samples"] == trace(LEAKING).t.size
+    assert obj["leak"] is True and obj["verdict"] == "Leak" and obj["reason"] is None
+    assert obj["samples"] == trace(LEAKING).t.size
     assert obj["growth_bytes_per_hour"] == pytest.approx(
         trace(LEAKING).rate_bytes_per_hour, rel=0.1
     )
@@ -146,11 +150,9 @@ def test_bad_logs(tmp_path, capsys, text, message):
 def test_missing_file_and_bad_limit(tmp_path, capsys):
     code, _, err = analyze(capsys, str(tmp_path / "absent.csv"))
     assert code == 2 and "cannot read" in err
-    with pytest.raises(SystemExit) as exit_info:
-        main(["analyze", str(CORPUS / FLAT), "--limit", "lots"])
-    assert (
-        exit_info.value.code == 2 and "--limit: invalid quantity 'lots'" in capsys.readouterr().err
-    )
+    assert main(["analyze", str(CORPUS / FLAT), "--limit", "lots"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("vramguard analyze: argument --limit: invalid quantity 'lots'")
 
 
 def test_nvidia_smi_gpu_log_gives_one_series_per_gpu(tmp_path, capsys):
@@ -307,14 +309,42 @@ def test_a_short_log_is_too_short_to_judge_and_says_how_much_is_needed(tmp_path,
     path = tmp_path / "short.csv"
     path.write_text("t_seconds,bytes\n" + "".join(f"{t},{int(v)}\n" for t, v in zip(tr.t[short], tr.v[short], strict=True)))
     code, out, _ = analyze(capsys, str(path))
-    assert code == 0 and "leak: no" in out
-    [line] = [x for x in out.splitlines() if "too short to judge" in x]
+    assert code == 3 and "leak: undetermined (too short)" in out and "leak: no" not in out
+    [line] = [x for x in out.splitlines() if "cannot judge" in x]
     assert f"{int(short.sum())} samples over" in line and "are needed to call a leak at this noise" in line
     code, out, _ = analyze(capsys, str(path), "--json")
     [obj] = objects(out)
+    assert code == 3 and (obj["verdict"], obj["reason"]) == ("Undetermined", "TooShort")
     assert obj["too_short"] is True and 7 * 60 < obj["needed_seconds"] <= 30 * 60
     code, out, _ = analyze(capsys, str(CORPUS / FLAT), "--json")
-    assert objects(out)[0]["too_short"] is False
+    assert code == 0 and objects(out)[0]["too_short"] is False and objects(out)[0]["verdict"] == "NoLeak"
+
+
+def test_memory_that_doubles_in_seconds_is_undetermined_not_no_leak(tmp_path, capsys):
+    path = tmp_path / "fast.csv"
+    path.write_text("t_seconds,bytes\n" + "".join(f"{t},{(1 + t / 19) * GIB:.0f}\n" for t in range(20)))
+    code, out, _ = analyze(capsys, str(path), "--json")
+    [obj] = objects(out)
+    assert code == 3 and (obj["verdict"], obj["reason"]) == ("Undetermined", "TooShort") and obj["leak"] is False
+
+
+def test_a_log_of_unknown_values_has_no_usable_values(tmp_path, capsys):
+    path = tmp_path / "na.csv"
+    path.write_text(gpu_log(FLAT).splitlines()[0] + "\n" + "".join(
+        f"2026/01/01 00:{m:02d}:00.000, [N/A]\n" for m in range(30)))
+    code, out, _ = analyze(capsys, str(path))
+    assert code == 3 and "leak: undetermined (no usable values)" in out and "growth" not in out
+    code, out, _ = analyze(capsys, str(path), "--json")
+    [obj] = objects(out)
+    assert (obj["verdict"], obj["reason"], obj["growth_bytes_per_hour"]) == ("Undetermined", "NoUsableValues", None)
+
+
+def test_a_few_samples_hours_apart_are_too_sparse_or_too_short_never_no_leak(tmp_path, capsys):
+    path = tmp_path / "sparse.csv"
+    path.write_text("t_seconds,bytes\n" + "".join(f"{h * 3600},{20 * GIB}\n" for h in range(4)))
+    code, out, _ = analyze(capsys, str(path), "--json")
+    [obj] = objects(out)
+    assert code == 3 and obj["verdict"] == "Undetermined" and obj["reason"] in ("TooSparse", "TooShort")
 
 
 def test_text_output_has_a_sparkline_of_the_floor(capsys):
@@ -361,3 +391,53 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatc
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     code, _, err = analyze(capsys, str(CORPUS / FLAT), "--plot", str(tmp_path / "x.png"))
     assert code == 2 and "pip install 'vramguard[plot]'" in err and not (tmp_path / "x.png").exists()
+
+
+def test_stdin_and_the_limit_from_memory_total(tmp_path):
+    """``-`` reads the log from stdin; a --query-gpu log with memory.total projects to it
+    without --limit (the device's memory is the limit a leak runs into)."""
+    tr = trace(LEAKING)
+    lines = ["timestamp, memory.used [MiB], memory.total [MiB]"]
+    lines += [f"{stamp(t)}, {v / MIB:.0f} MiB, 40960 MiB" for t, v in zip(tr.t, tr.v, strict=True)]
+    out = subprocess.run(
+        [sys.executable, "-m", "vramguard_operator", "analyze", "-"], input="\n".join(lines) + "\n",
+        cwd=ROOT, capture_output=True, text=True, env={"PYTHONPATH": "api:operator:agent", "PATH": ""},
+    )
+    assert out.returncode == 1, out.stderr
+    assert "time to limit 40Gi: " in out.stdout and "not projected" not in out.stdout
+
+
+@pytest.mark.parametrize(("span_s", "peak", "want"), [
+    (19, 3 * GIB, ("seconds", "GiB")), (600, 500 * MIB, ("minutes", "MiB")), (6 * 3600, 30 * GIB, ("hours", "GiB")),
+    (7199, 512, ("minutes", "bytes")),
+])
+def test_plot_axes_are_in_units_that_suit_the_span(span_s, peak, want):
+    from vramguard_operator.cli.analyze_plot import axis_units
+
+    (_, time_name), (_, size_name) = axis_units(span_s, peak)
+    assert (time_name, size_name) == want
+
+
+def test_the_plot_axis_fits_the_data_with_a_far_limit(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from vramguard_operator.cli import analyze_plot
+
+    shown: list[tuple[float, float]] = []
+    original = analyze_plot._panel
+
+    def spy(ax, *args):
+        original(ax, *args)
+        shown.append(ax.get_xlim())
+
+    analyze_plot._panel = spy
+    try:
+        code, out, _ = analyze(capsys, str(CORPUS / LEAKING), "--limit", "200Gi", "--plot", str(tmp_path / "p.png"))
+    finally:
+        analyze_plot._panel = original
+        plt.close("all")
+    span_h = float(trace(LEAKING).t[-1] - trace(LEAKING).t[0]) / 3600
+    assert code == 1 and f"plot written to {tmp_path / 'p.png'}" in out
+    [(left, right)] = shown
+    assert left == pytest.approx(0, abs=0.01) and right == pytest.approx(span_h, rel=0.01)  # not 110 h

@@ -48,7 +48,7 @@ print("ok")
 
 def test_argparse_subcommands_get_their_arguments_as_given(capsys):
     rc = main(["replay", "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(EXAMPLE / "usage.csv"), "--json"])
-    assert rc == 0 and capsys.readouterr().out.lstrip().startswith("[")
+    assert rc == 0 and capsys.readouterr().out.lstrip().startswith('{\n "decisions": [')
 
 
 def test_importing_the_handlers_registers_the_policy_handlers():

@@ -126,6 +126,7 @@ ENV_SETTINGS = [
     ("--shard-identity", "VRAMGUARD_SHARD_IDENTITY", "op-1", "op-2", "shard_identity", "op-1", "op-2", ""),
     ("--lease-namespace", "VRAMGUARD_LEASE_NAMESPACE", "vg", "vg-2", "lease_namespace", "vg", "vg-2", ""),
     ("--lease-duration", "VRAMGUARD_LEASE_DURATION", "1m", "20s", "lease_duration", 60.0, 20.0, 30.0),
+    ("--log-format", "VRAMGUARD_LOG_FORMAT", "json", "text", "log_format", "json", "text", "text"),
 ]
 # flags without a variable: (arguments, settings path, value)
 FLAG_SETTINGS = [

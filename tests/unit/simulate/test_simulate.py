@@ -195,7 +195,11 @@ def test_the_command_prints_both_runs_as_json(capsys, tmp_path):
         (["--mix", "training=1,gaming=2"], "--mix: 'gaming=2'"),
         (["--mix", "training=0"], "gives every kind 0"),
         (["--nodes", "tpu=3"], "--nodes: 'tpu=3'"),
-        (["--hours", "0"], "hours: 0.0"),
+        (["--hours", "0"], "'0': want a duration above 0s"),
+        (["--duration", "9000h"], "'9000h': want at most 8760h"),
+        (["--nodes", "99999999999"], "--nodes: '99999999999' is 99999999999 nodes, above the maximum of 10000"),
+        (["--seed", "-1"], "'-1': want a whole number from 0 to 4294967295"),
+        (["--tick", "0s"], "'0s': want a duration above 0s"),
         (["--policy", "/nonexistent.yaml"], "--policy /nonexistent.yaml"),
     ],
 )
@@ -246,3 +250,17 @@ def test_a_budgets_cap_fails_the_capped_pods_own_allocations_only():
     # the same budget where the agents leave limits alone: the step is impossible and nothing bites
     fleet, guard = run_fleet(replace(config, control=ControlConfig()))
     assert not [o for o in fleet.ooms if o.reason == REASON_HARD_LIMIT]
+
+
+def test_progress_is_a_line_per_simulated_hour_on_a_terminal_and_silent_with_json(capsys, monkeypatch):
+    heard: list[tuple[str, float]] = []
+    config = SimulationConfig(nodes={"time-slicing": 1}, hours=2.5, seed=3, tick_s=60.0, policy=load_policy(None))
+    assert config.policy is not None
+    compare(config, config.policy, caps=False, progress=lambda run, hours: heard.append((run, hours)))
+    assert heard == [("off", 1.0), ("off", 2.0), ("off", 2.5), ("on", 1.0), ("on", 2.0), ("on", 2.5)]
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    argv = ["simulate", "--nodes", "1", "--duration", "1h", "--tick", "1m", "--no-caps"]
+    assert main([*argv, "--json"]) == 0 and capsys.readouterr().err == ""
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "\rsimulate: run 2 of 2 (vramguard on): 1h of 1h simulated" in err and err.endswith("\n")

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from vramguard_api.cliargs import Duration
+from vramguard_api.cliargs import Duration, one_line
 from vramguard_operator.cli.top.devices import build_devices
 from vramguard_operator.cli.top.model import DEFAULT_FRESHNESS_S, Snapshot
 from vramguard_operator.cli.top.render import devices_json, render, rows_json
@@ -117,7 +117,9 @@ def _loop(api: Any, settings: TopSettings, namespace: str | None) -> int:
             print(f"vramguard top: {err}", file=sys.stderr)
             return 1
         except cluster_reads.API_ERRORS as err:
-            print(f"vramguard top: cannot read the cluster: {err}", file=sys.stderr)
+            # urllib3's MaxRetryError repeats the whole request; its reason is the part a person needs
+            why = one_line(str(getattr(err, "reason", None) or err))
+            print(f"vramguard top: cannot read the cluster at {api.configuration.host}: {why}", file=sys.stderr)
             if not settings.watch:
                 return 1
             text = ""

@@ -1,23 +1,34 @@
 # The vramguard operator (kopf, with its admission webhooks).
-# Build from the repository root:
+# Build from the repository root (docs/install.md, "Images"):
 #   docker build -f images/operator.Dockerfile -t <registry>/vramguard/operator:0.1.0 .
-# Not built in this repository's CI (no container engine there); see docs/install.md.
+# or without a daemon: make images (hack/images/build.sh, buildah).
+#
+# Build arguments:
+#   BASE      a Python 3.11+ image: the public slim image, or the Debian base that
+#             hack/images/build.sh makes where no registry is reachable
+#   PIP_CERT  a CA bundle path for pip, mounted for the build only (build.sh)
+ARG BASE=python:3.12-slim
 
-# Stage 1: one wheel for the whole project; both images install it.
-FROM python:3.12-slim AS wheel
+# Stage 1: a virtual environment at /opt/vramguard with the project's wheel and
+# its "operator" extra (kopf, prometheus-client, cryptography, jsonpatch,
+# orjson), at the pinned versions.
+FROM ${BASE} AS venv
+ARG PIP_CERT
+# pip's cache: build.sh mounts ~/.cache/vramguard/pip here (this stage only).
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_CACHE_DIR=/root/.cache/pip
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY api ./api
-COPY operator ./operator
-COPY agent ./agent
-RUN pip wheel --no-deps --no-cache-dir --wheel-dir /wheels .
+COPY . ./
+RUN python3 -m venv /opt/vramguard \
+ && /opt/vramguard/bin/pip install -q -c images/constraints.txt ".[operator]" \
+ && sh images/trim.sh /opt/vramguard
 
-# Stage 2: the wheel with the "operator" extra (kopf, prometheus-client, cryptography).
-FROM python:3.12-slim
-COPY --from=wheel /wheels /wheels
-RUN pip install --no-cache-dir "$(ls /wheels/vramguard-*.whl)[operator]" && rm -rf /wheels
+# Stage 2: the base and the environment; nothing from the build (sources, pip's
+# cache, the CA bundle) comes along.
+FROM ${BASE}
+COPY --from=venv /opt/vramguard /opt/vramguard
 # The root filesystem is read-only at run time: no .pyc writes.
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+ENV PATH=/opt/vramguard/bin:/usr/local/bin:/usr/bin:/bin \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # Numeric, so the kubelet can verify runAsNonRoot; matches the chart's runAsUser.
 USER 65532:65532
 EXPOSE 9443 8080 9090

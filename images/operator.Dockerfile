@@ -6,16 +6,20 @@
 # Build arguments:
 #   BASE      a Python 3.11+ image: the public slim image, or the Debian base that
 #             hack/images/build.sh makes where no registry is reachable
-#   PIP_CERT  a CA bundle path for pip, mounted for the build only (build.sh)
+#   PIP_CERT, PIP_FIND_LINKS, PIP_NO_INDEX  pip's settings for the first stage
+#             (build.sh: the host's CA bundle; its wheelhouse, offline)
 ARG BASE=python:3.12-slim
 
 # Stage 1: a virtual environment at /opt/vramguard with the project's wheel and
 # its "operator" extra (kopf, prometheus-client, cryptography, jsonpatch,
 # orjson), at the pinned versions.
 FROM ${BASE} AS venv
+# build.sh: a CA bundle for pip, and a wheelhouse of the pins to install from
+# alone (PIP_FIND_LINKS, PIP_NO_INDEX), mounted for this stage only.
 ARG PIP_CERT
-# pip's cache: build.sh mounts ~/.cache/vramguard/pip here (this stage only).
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_CACHE_DIR=/root/.cache/pip
+ARG PIP_FIND_LINKS
+ARG PIP_NO_INDEX
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 COPY . ./
 RUN python3 -m venv /opt/vramguard \

@@ -47,3 +47,12 @@ choose_base() {  # sets BASE: VG_IMAGE_BASE, else the slim image where a registr
   echo "images: no registry answers for $SLIM; building a Python base from Debian packages"
   BASE=$(debian_base) || exit 1
 }
+
+base_python() {  # the base's Python as 311, 312...; fails for a base it cannot know without running it
+  case $BASE in
+    "$SLIM") echo 312 ;;
+    vramguard.local/python-base:*)  # Debian's python3, from the same apt sources
+      apt-cache policy python3 | awk '/Candidate:/ {split($2, v, "."); print v[1] v[2]}' ;;
+    *) return 1 ;;
+  esac
+}

@@ -140,7 +140,9 @@ def test_the_operator_pod_annotates_throttles_and_evicts_through_a_budget(
           lambda: cpu_quota_us(host_pid) == 10000, timeout=60, every=0.5)
     # Evict: the kubelet ends the container (SIGTERM; simcuda frees its memory and exits).
     until("the hog evicted and its process ended", lambda: not Path(f"/proc/{host_pid}").exists(), timeout=90, every=1)
-    assert events_about(core, namespace, uid), "no Event explains the actions"
+    # Each action explained by an Event, reported by the operator pod.
+    mine = [e for e in events_about(core, namespace, uid) if e.reporting_component == "vramguard"]
+    assert mine and {e.reporting_instance for e in mine} == {release.pod("operator")["metadata"]["name"]}, mine
     # Done by the operator pod's token (the audit log): the resize and the eviction.
     operator = release.pod("operator")["metadata"]["name"]
     events = pod_requests(AuditLog.of_local_cluster().events(int(release.timings["audit_offset"])), operator)

@@ -29,8 +29,11 @@ COPY . ./
 RUN python3 -m venv /opt/vramguard \
  && /opt/vramguard/bin/pip install -q -c images/constraints.txt ".[agent]"
 ARG WITH_SIM=0
+# The kubernetes client requires aiohttp for its asyncio client (kubernetes.aio),
+# which the agent never imports; the operator keeps aiohttp (kopf runs on it).
+ENV AGENT_UNUSED="aiohttp aiohttp-retry aiohappyeyeballs aiosignal frozenlist multidict yarl propcache attrs"
 RUN if [ "$WITH_SIM" = 1 ] && [ -d sim ]; then /opt/vramguard/bin/pip install -q -c images/constraints.txt ./sim; fi \
- && sh images/trim.sh /opt/vramguard
+ && sh images/trim.sh /opt/vramguard vramguard_operator vramguard $AGENT_UNUSED
 
 # Stage 2: the base and the environment; nothing from the build (sources, pip's
 # cache, the CA bundle) comes along.
@@ -41,6 +44,9 @@ COPY --from=venv /opt/vramguard /opt/vramguard
 ENV PATH=/opt/vramguard/bin:/usr/local/bin:/usr/bin:/bin \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=utility
+# A name for 65532: kopf (and getpass.getuser()) look the user up in /etc/passwd.
+RUN echo "vramguard:x:65532:65532:vramguard:/nonexistent:/usr/sbin/nologin" >>/etc/passwd \
+ && echo "vramguard:x:65532:" >>/etc/group
 # Numeric, so the kubelet can verify runAsNonRoot; matches the chart's runAsUser.
 USER 65532:65532
 EXPOSE 9400

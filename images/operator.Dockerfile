@@ -24,7 +24,7 @@ WORKDIR /src
 COPY . ./
 RUN python3 -m venv /opt/vramguard \
  && /opt/vramguard/bin/pip install -q -c images/constraints.txt ".[operator]" \
- && sh images/trim.sh /opt/vramguard
+ && sh images/trim.sh /opt/vramguard vramguard_agent vramguard-agent
 
 # Stage 2: the base and the environment; nothing from the build (sources, pip's
 # cache, the CA bundle) comes along.
@@ -33,6 +33,9 @@ COPY --from=venv /opt/vramguard /opt/vramguard
 # The root filesystem is read-only at run time: no .pyc writes.
 ENV PATH=/opt/vramguard/bin:/usr/local/bin:/usr/bin:/bin \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# A name for 65532: kopf (and getpass.getuser()) look the user up in /etc/passwd.
+RUN echo "vramguard:x:65532:65532:vramguard:/nonexistent:/usr/sbin/nologin" >>/etc/passwd \
+ && echo "vramguard:x:65532:" >>/etc/group
 # Numeric, so the kubelet can verify runAsNonRoot; matches the chart's runAsUser.
 USER 65532:65532
 EXPOSE 9443 8080 9090

@@ -7,11 +7,16 @@
 # (kubernetes/client/api: 22 MB of source, mostly docstrings) keep only their
 # byte code, compiled next to where the source was (Python imports such
 # "sourceless" .pyc files); a traceback through them shows no source lines.
-# Usage: trim.sh VENV
+# The project's wheel holds both components; the other one's package and
+# command go (the import contracts keep operator and agent apart), and so do
+# the distributions this image's component never imports (UNUSED).
+# Usage: trim.sh VENV OTHER_PACKAGE OTHER_COMMAND [UNUSED...]
 set -eu
-venv=$1
+venv=$1 other_package=$2 other_command=$3
+shift 3
 site=$(echo "$venv"/lib/python3*/site-packages)
-"$venv/bin/python" -m pip uninstall -q -y pip setuptools wheel 2>/dev/null || true
+"$venv/bin/python" -m pip uninstall -q -y "$@" pip setuptools wheel 2>/dev/null || true
+rm -rf "$site/$other_package" "$venv/bin/$other_command"
 rm -f "$venv"/bin/pip* "$venv"/bin/activate* "$venv"/bin/Activate.ps1
 rm -rf "$site/kubernetes/aio"
 find "$site" -depth \( -type d \( -name tests -o -name testing -o -name include \) -path '*/numpy/*' \) -exec rm -rf {} +

@@ -14,8 +14,10 @@
 # An image whose inputs (sources, Dockerfile, pins, base, build arguments) are
 # unchanged since its archive was written is not built again.
 # Usage: hack/images/build.sh [--with-sim]
-#   --with-sim  the agent also gets the simulated backends (WITH_SIM=1) and the
-#               tag <tag>-sim: the local cluster's real node needs them
+#   --with-sim  also the agent with the simulated backends (WITH_SIM=1: the sim/
+#               distribution) as <tag>-sim, which the local cluster's real node
+#               runs; without a sim/ folder (the simulators still inside the
+#               agent package) that is the product agent under the -sim tag
 # Environment: VG_IMAGE_TAG (default: the chart's appVersion), VG_IMAGE_BASE,
 #              VG_IMAGES_OUT (default ~/.cache/vramguard/images)
 set -euo pipefail
@@ -99,6 +101,19 @@ build_one() {  # build_one NAME TAG WITH_SIM: build and archive, unless the arch
   echo "$key" >"$archive.key"
 }
 
+tag_as() {  # tag_as NAME TAG NEW_TAG: vramguard/NAME:TAG also as NEW_TAG, with its own archive
+  local image=vramguard/$1:$3 archive=$OUT/vramguard-$1-$3.oci.tar t0=$SECONDS key
+  key=$(cat "$OUT/vramguard-$1-$2.oci.tar.key")
+  if [[ -s $archive && $(cat "$archive.key" 2>/dev/null) == "$key" ]]; then
+    echo "images: $image is vramguard/$1:$2 (cached: same inputs)"; return
+  fi
+  "${buildah[@]}" tag "vramguard/$1:$2" "$image"
+  rm -f "$archive" "$archive.key"
+  "${buildah[@]}" push --quiet "$image" "oci-archive:$archive:docker.io/$image" >/dev/null
+  report "$1" "$image" "$archive" $((SECONDS - t0))
+  echo "$key" >"$archive.key"
+}
+
 report() {  # report NAME IMAGE ARCHIVE SECONDS: one line of sizes and the archive's manifest digest
   local ctr mnt unpacked packed digest
   ctr=$("${buildah[@]}" from --quiet --pull-never "$2")
@@ -118,5 +133,11 @@ choose_base
 wheelhouse
 build_one operator "$TAG" 0
 build_one agent "$TAG" 0
-((with_sim)) && build_one agent "$TAG-sim" 1
+if ((with_sim)) && [[ -d $root/sim ]]; then
+  build_one agent "$TAG-sim" 1
+elif ((with_sim)); then
+  # No sim/ distribution (yet): the simulators are still inside the agent
+  # package, so the product image is also the test image, under the -sim tag.
+  tag_as agent "$TAG" "$TAG-sim"
+fi
 echo "images: done in $((SECONDS - t_start)) s (base $BASE)"

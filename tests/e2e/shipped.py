@@ -127,7 +127,7 @@ class Release:
         parts = []
         for component in ("operator", "agent"):
             out = self.cluster.kubectl("logs", "-n", NAMESPACE, "-l", f"app.kubernetes.io/component={component}",
-                                       "--tail=30", check=False)
+                                       "--tail=30", "--previous=false", check=False)
             parts.append(f"--- {component} ---\n{out.stdout}{out.stderr}")
         return "\n".join(parts)
 

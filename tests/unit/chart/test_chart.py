@@ -603,6 +603,18 @@ def test_images_run_as_the_charts_non_root_user(default, component, extra):
     assert "COPY --from=venv /opt/vramguard /opt/vramguard" in dockerfile
 
 
+@pytest.mark.parametrize("component", ["operator", "agent"])
+def test_build_context_lets_in_every_file_the_dockerfile_reads(component):
+    """.dockerignore is an allow-list (``*``, then ``!path``): each repository file
+    a Dockerfile's first stage reads (``images/...``) must be let in, or the build
+    fails only where it runs."""
+    allowed = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    dockerfile = (ROOT / "images" / f"{component}.Dockerfile").read_text()
+    read = set(re.findall(r"(?<![\w/])(images/[\w.-]+)", dockerfile)) - {f"images/{component}.Dockerfile"}
+    assert read and read <= allowed, read - allowed
+    assert {"pyproject.toml", "README.md", "api", "operator", "agent"} <= allowed
+
+
 def test_image_pins_cover_every_dependency_of_both_extras():
     """images/constraints.txt (make lock) pins each package the images install: every
     requirement of the project and of both extras has a line ``name==version``."""

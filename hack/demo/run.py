@@ -156,10 +156,6 @@ class Demo:
         self.wall_agents = datetime.now(UTC)
         self.say(f"the operator is evaluating; started {len(self.sc.node_names)} simulated agents "
                  f"({', '.join(self.sc.node_names)}): scenario time runs {self.speed:g}x the clock")
-        # The scenario's clock and its simulated agents need host processes; the
-        # chart's own containers run in tests/e2e/test_shipped_e2e.py (make test).
-        self.say("the operator and the agents run as host processes from this checkout, not as containers "
-                 "(make images builds the images; docs/install.md, \"Images\")")
 
     def operator_evaluating(self) -> bool:
         try:

@@ -14,6 +14,7 @@ Skipped, saying why, where the real node or the image archives are missing.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,17 @@ from .chart_rbac import AuditLog
 from .conftest import Cluster
 from .operator_harness import GROUP, VERSION, budget_manifest, events_about
 from .realnode import RealNode, cpu_quota_us, pod
-from .shipped import NAMESPACE, SIM_TAG, TAG, Release, archive, missing_images, pod_requests, real_node_values
+from .shipped import (
+    CHART,
+    NAMESPACE,
+    SIM_TAG,
+    TAG,
+    Release,
+    archive,
+    missing_images,
+    pod_requests,
+    real_node_values,
+)
 from .test_real_node_e2e import run_pod, until
 
 pytestmark = pytest.mark.e2e
@@ -197,6 +208,43 @@ def test_no_request_of_either_pod_was_refused(release: Release) -> None:
         assert mine, f"no request of the {component} pod in the audit log"
         refused = [(e["verb"], e["objectRef"]) for e in mine if e["responseStatus"]["code"] == 403]
         assert not refused, f"{component}: {refused}"
+
+
+def test_helm_upgrade_to_a_new_image_tag_keeps_a_budgets_escalation_state(
+    release: Release, namespace: str
+) -> None:
+    api = release.cluster.api_client()
+    core, custom = CoreV1Api(api), CustomObjectsApi(api)
+    run_pod(release.cluster, release.node, namespace,
+            pod(release.node, "held", ["/bin/simcuda", "--every", "200ms", "2Gi"], gpu=True, labels={"app": "held"}))
+    ladder = [{"action": "Annotate", "after": "0s"}, {"action": "Evict", "after": "30m"}]
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpumemorybudgets",
+                                           budget_manifest("held", {"perPod": {"vram": "1Gi"}}, ladder))
+
+    def state() -> tuple[str, list[tuple[Any, ...]]] | None:
+        annotation = (core.read_namespaced_pod("held", namespace).metadata.annotations or {}).get(
+            "vramguard.io/violations")
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "gpumemorybudgets", "held")
+        open_ = [(v.get("pod"), v.get("step"), v.get("openedAt"))
+                 for v in (status.get("status") or {}).get("violations") or () if v.get("step")]
+        return (annotation, open_) if annotation and open_ else None
+
+    before = until("the held pod annotated and its violation open", state, timeout=60, every=0.5)
+    old_pods = {c: release.pod(c)["metadata"]["uid"] for c in ("operator", "agent")}
+    # A new tag of the same images, as a new release of them would be.
+    sock = str(release.node.state / "run/containerd.sock")
+    for image, tag in (("operator", TAG), ("agent", SIM_TAG)):
+        release.run(release.node.ctr, "--address", sock, "-n", "k8s.io", "images", "tag", "--force",
+                    f"docker.io/vramguard/{image}:{tag}", f"docker.io/vramguard/{image}:{tag}-next")
+    release.run(release.helm, "upgrade", "vramguard", str(CHART), "--namespace", NAMESPACE, "--wait", "--timeout",
+                "5m", "--values", str(release.values), "--set", f"operator.image.tag={TAG}-next",
+                "--set", f"agent.image.tag={SIM_TAG}-next")
+    for component in ("operator", "agent"):
+        new = release.pod(component)
+        assert new["metadata"]["uid"] != old_pods[component]
+        assert new["status"]["containerStatuses"][0]["image"].endswith("-next")
+    time.sleep(15)  # the new operator has evaluated (5 s period) and would have written any change
+    assert state() == before
 
 
 def test_helm_uninstall_leaves_nothing(release: Release) -> None:

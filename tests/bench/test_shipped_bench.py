@@ -1,10 +1,10 @@
 """Benchmark: the images and the chart as shipped (issue 27).
 
 Measures and records (``bench``):
-- ``make images`` (hack/images/build.sh --with-sim) warm: everything cached;
-  the cold figure is the one build.sh printed on its first run, read from
-  the sizes file it writes next to each archive (``seconds``), since a cold
-  build cannot be repeated without deleting the shared caches;
+- ``hack/images/build.sh --with-sim`` with its caches (base, wheels): seconds
+  where nothing changed, a rebuild of each image whose inputs changed (the cold
+  figures, with an empty cache, are in README.md's build table: a cold build
+  cannot be repeated without deleting the shared caches);
 - each image's unpacked and compressed size (goals: agent <= 200 MiB,
   operator <= 250 MiB unpacked);
 - ``ctr images import`` of both archives into the real node's containerd;

@@ -240,6 +240,8 @@ def test_helm_upgrade_to_a_new_image_tag_keeps_a_budgets_escalation_state(
     release.run(release.helm, "upgrade", "vramguard", str(CHART), "--namespace", NAMESPACE, "--wait", "--timeout",
                 "5m", "--values", str(release.values), "--set", f"operator.image.tag={TAG}-next",
                 "--set", f"agent.image.tag={SIM_TAG}-next")
+    # As after install (README): helm's --wait lets a DaemonSet be maxUnavailable short.
+    release.run("kubectl", "-n", NAMESPACE, "rollout", "status", "daemonset/vramguard-agent", "--timeout", "2m")
     for component in ("operator", "agent"):
         new = release.pod(component)
         assert new["metadata"]["uid"] != old_pods[component]

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 # sim/: the simulators, the vramguard-sim distribution (sim/pyproject.toml; not in the product's wheel).
 export PYTHONPATH := $(CURDIR)/api:$(CURDIR)/operator:$(CURDIR)/agent:$(CURDIR)/sim
 
-.PHONY: help venv test test-unit test-e2e fuzz generate verify lint typecheck imports cycles sizes cluster cluster-down demo bench clean
+.PHONY: help venv test test-unit test-e2e fuzz generate verify lint typecheck imports cycles sizes cluster cluster-down demo bench clean images lock
 
 help:
 	@echo "make demo      run the whole system on a local cluster (builds it on first use)"
@@ -15,6 +15,8 @@ help:
 	@echo "make verify    generated files, lint, types, import layers, import circles and sizes"
 	@echo "make cluster   start the local cluster; make cluster-down removes it"
 	@echo "make bench     benchmarks: figures printed and written to bench-results.json"
+	@echo "make images    build vramguard/operator and vramguard/agent without a daemon (WITH_SIM=1: the test agent)"
+	@echo "make lock      refresh images/constraints.txt, the versions the images install"
 	@echo "make fuzz      hostile budgets, policies, reports and annotations: 10,000 inputs per kind"
 
 $(VENV)/.installed: pyproject.toml sim/pyproject.toml
@@ -25,8 +27,13 @@ $(VENV)/.installed: pyproject.toml sim/pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The e2e tests run the images on the real node (tests/e2e/test_shipped_e2e.py);
+# where they cannot be built those tests skip, saying why.
+IMAGES_FOR_TESTS = hack/images/build.sh --with-sim || echo "images: not built; the as-shipped tests will skip"
+
 test: venv
 	hack/cluster/build.sh
+	$(IMAGES_FOR_TESTS)
 	$(PYTHON) -m pytest -m "not benchmark" tests
 
 test-unit: venv
@@ -34,6 +41,7 @@ test-unit: venv
 
 test-e2e: venv
 	hack/cluster/build.sh
+	$(IMAGES_FOR_TESTS)
 	$(PYTHON) -m pytest -m e2e tests
 
 # Property tests on hostile input (tests/unit/fuzz): 10,000 inputs per kind (the
@@ -89,6 +97,16 @@ demo: venv
 # Figures are printed and written to bench-results.json (README, "Development").
 bench: venv
 	$(PYTHON) -m pytest -m benchmark -s --bench-results=bench-results.json tests
+
+# The images, from images/*.Dockerfile, with buildah (no daemon; hack/images/build.sh):
+# OCI archives and sizes under ~/.cache/vramguard/images. WITH_SIM=1 adds the
+# agent with the simulated backends (tag <version>-sim) that the real node runs.
+images:
+	hack/images/build.sh $(if $(filter 1,$(WITH_SIM)),--with-sim)
+
+# images/constraints.txt: what pip resolves for both images' extras, pinned.
+lock: venv
+	$(PYTHON) hack/images/lock.py "$(PYTHON) -m pip" images/constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -141,3 +141,28 @@ contexts:
 current-context: $REAL_NODE_NAME
 EOF
 }
+
+# kube-proxy's part for the one Service the chart's pods need: the kubelet gives
+# every pod KUBERNETES_SERVICE_HOST/PORT, the kubernetes Service's address, and
+# nothing here routes Services. A DNAT rule sends what pods send there to the
+# API server on this machine (its certificate names 10.0.0.1, see up.sh).
+API_ROUTE_COMMENT=vramguard-real-node-api
+route_api_service() {
+  command -v iptables >/dev/null || { say "no iptables: pods cannot reach the API server (chart tests skip)"; return 0; }
+  local service server rule
+  service=$(kubectl get service kubernetes -n default -o jsonpath='{.spec.clusterIP} {.spec.ports[0].port}') || return 1
+  server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+  server=${server##*:}
+  set -- $service
+  rule=(PREROUTING -s "$POD_SUBNET" -d "$1" -p tcp --dport "$2" -m comment --comment "$API_ROUTE_COMMENT"
+        -j DNAT --to-destination "$(node_ip):${server%%/*}")
+  iptables -t nat -C "${rule[@]}" 2>/dev/null || iptables -t nat -A "${rule[@]}"
+}
+
+unroute_api_service() {  # remove the rule above (down)
+  command -v iptables >/dev/null || return 0
+  local line
+  iptables -t nat -S PREROUTING 2>/dev/null | grep -- "--comment $API_ROUTE_COMMENT" | while read -r line; do
+    eval "iptables -t nat ${line/-A /-D }"
+  done
+}

@@ -94,6 +94,7 @@ cleanup() {  # cleanup STATE: stop and remove everything of the real node whose 
   unmount_under "$state" || { say "mounts left under $state: $(findmnt -rn -o TARGET | under "$state" | tr '\n' ' ')"; ok=false; }
   remove_cgroups || { say "cgroups left: $(cgroup_roots | sed 's|$|/kubepods|' | xargs -r ls -d 2>/dev/null | tr '\n' ' ')"; ok=false; }
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
+  unroute_api_service
   restore_sysctls "$state"
   # Never rm -rf through a mount that is still there: it could be a bind mount of host files.
   if $ok; then remove_host_paths "$state"; rm -rf "$state"; fi

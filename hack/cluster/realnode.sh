@@ -123,6 +123,7 @@ bring_up() {  # (called in a condition, where set -e does not apply: each step c
   # Extended Resources for a Node"); the simulated GPU behind it comes with issue 19 item 2.
   kubectl patch node "$REAL_NODE_NAME" --subresource=status --type=merge \
     -p '{"status":{"capacity":{"nvidia.com/gpu":"4"}}}' >/dev/null || return 1
+  route_api_service || return 1
   say "$REAL_NODE_NAME ready in $((SECONDS - t0)) s (kubelet $K8S_VERSION, containerd $CONTAINERD_VERSION, state $STATE)"
 }
 
@@ -139,6 +140,7 @@ cmd_up() {
   fi
   if [[ $(lock_holder) == "$CLUSTER_NAME" ]] && pid_alive "$STATE/kubelet.pid" && pid_alive "$STATE/containerd.pid" && node_ready; then
     pid_alive "$STATE/simgpu.pid" || start_simgpu
+    route_api_service
     say "$REAL_NODE_NAME reused (state $STATE)"; return 0
   fi
   take_lock || { [[ $MODE == on ]] && return 1; return 0; }

@@ -50,11 +50,17 @@ EOF_POLICY
 # kwok.x-k8s.io/node=fake (kwokctl's default, --manage-all-nodes=true, would take
 # over the real node); the API server reaches kubelets at their InternalIP (no
 # DNS knows the node names) and authenticates with the admin certificate (logs,
-# exec, the summary API).
+# exec, the summary API). Pods on the real node reach the API server as in a
+# cluster: through the kubernetes Service's address (10.0.0.1, the API server's
+# default service range), which realnode.sh routes to it as kube-proxy would,
+# so the serving certificate names it; and the API server calls webhooks at
+# their Service's endpoints (--enable-aggregator-routing; no kube-proxy here).
 kwokctl_config=$KWOK_WORKDIR/kwokctl-$CLUSTER_NAME.yaml
 cat >"$kwokctl_config" <<EOF_CONFIG
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokctlConfiguration
+options:
+  kubeApiserverCertSANs: ["10.0.0.1"]
 componentsPatches:
 - name: kwok-controller
   extraArgs:
@@ -65,6 +71,7 @@ componentsPatches:
   - {key: kubelet-client-certificate, value: $cluster_dir/pki/admin.crt}
   - {key: kubelet-client-key, value: $cluster_dir/pki/admin.key}
   - {key: kubelet-preferred-address-types, value: "InternalIP,Hostname"}
+  - {key: enable-aggregator-routing, value: "true"}
 EOF_CONFIG
 
 for b in "$K8S_BIN/kube-apiserver" "$ETCD_BIN/etcd" "$kwokctl" "$KUBECTL"; do
@@ -75,10 +82,11 @@ healthy() { kubectl get --raw /readyz >/dev/null 2>&1; }
 
 t0=$SECONDS
 if healthy && { ! cmp -s "$audit_policy" "$cluster_dir/audit.yaml" ||
-                ! grep -q kubelet-preferred-address-types "$cluster_dir/kwok.yaml"; }; then
+                ! grep -q enable-aggregator-routing "$cluster_dir/kwok.yaml"; }; then
   # Made before the audit log was on (or with another policy), or before kwok was
-  # kept off the real node: the RBAC test could not read what it needs, kwok
-  # would take the real node over; so the cluster is made again.
+  # kept off the real node and the real node's pods could reach the API server:
+  # the RBAC test could not read what it needs, kwok would take the real node
+  # over, the chart's pods could not run there; so the cluster is made again.
   echo "up: cluster $CLUSTER_NAME runs without this audit policy or kwokctl configuration; recreating it"
   "$here/realnode.sh" down | sed 's/^realnode: /up: real node: /'
   "$kwokctl" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG" >/dev/null 2>&1 || true

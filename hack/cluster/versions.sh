@@ -44,8 +44,9 @@ CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.2.9}
 KUBELET_BIN=$VG_BIN/kubelet-$K8S_VERSION
 CONTAINERD_BIN=$VG_BIN/containerd-$CONTAINERD_VERSION
 # Debian packages the real node needs: runc, CNI plugins (bridge, host-local,
-# loopback) and a static busybox for the local images.
-REAL_NODE_DEBS="runc containernetworking-plugins busybox-static"
+# loopback), a static busybox for the local images, and iptables (the route
+# from pods to the API server, realnode-config.sh).
+REAL_NODE_DEBS="runc containernetworking-plugins busybox-static iptables"
 RUNC=${RUNC:-/usr/sbin/runc}
 CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
 BUSYBOX=${BUSYBOX:-/bin/busybox}

@@ -171,7 +171,7 @@ class RealNodePart:
         events = events_of([NAMESPACE]) if self.active else []
         lines = ["== What was real ==",
                  "real: kube-apiserver, etcd, kube-scheduler, kube-controller-manager; the operator and the agents "
-                 "(this checkout's code, as processes)"]
+                 "(this checkout's code, as host processes, not containers: make test runs the images)"]
         if self.active:
             s = self.s
             ours = sorted((e for e in events if (e.get("source") or {}).get("component") == "vramguard"),

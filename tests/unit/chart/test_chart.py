@@ -12,6 +12,7 @@ import base64
 import filecmp
 import json
 import re
+import tomllib
 from types import SimpleNamespace
 from typing import Any
 
@@ -546,6 +547,7 @@ def test_default_warning_ratio_is_85_percent():
     ({"agent.ramInterval": "often"}, "/agent/ramInterval"),
     ({"agent.port": 0}, "/agent/port"),
     ({"agent.runAsUser": -1}, "/agent/runAsUser"),
+    ({"agent.simulatedDriverDir": "relative/dir"}, "/agent/simulatedDriverDir"),
     ({"agent.priorityClassName": ""}, "/agent/priorityClassName"),
     ({"agent.hostPaths.proc": "proc"}, "/agent/hostPaths/proc"),
     ({"agent.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution": None},
@@ -595,9 +597,52 @@ def test_images_run_as_the_charts_non_root_user(default, component, extra):
     assert uid.isdigit() and int(uid) != 0
     kind = "Deployment" if component == "operator" else "DaemonSet"
     assert pod_spec(one(default, kind))["securityContext"]["runAsUser"] == int(uid)
-    # One wheel, installed with this component's extra.
-    assert re.search(rf"\[{extra}\]", dockerfile)
-    assert "pip wheel" in dockerfile
+    # The project with this component's extra only, into the venv, at the pinned versions.
+    assert re.search(rf"pip install -q -c images/constraints.txt \"\.\[{extra}\]\"", dockerfile)
+    other = {"operator": "agent", "agent": "operator"}[extra]
+    assert f"[{other}]" not in dockerfile
+    assert "COPY --from=venv /opt/vramguard /opt/vramguard" in dockerfile
+
+
+@pytest.mark.parametrize("component", ["operator", "agent"])
+def test_build_context_lets_in_every_file_the_dockerfile_reads(component):
+    """.dockerignore is an allow-list (``*``, then ``!path``): each repository file
+    a Dockerfile's first stage reads (``images/...``) must be let in, or the build
+    fails only where it runs."""
+    allowed = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    dockerfile = (ROOT / "images" / f"{component}.Dockerfile").read_text()
+    read = set(re.findall(r"(?<![\w/])(images/[\w.-]+)", dockerfile)) - {f"images/{component}.Dockerfile"}
+    assert read and read <= allowed, read - allowed
+    assert {"pyproject.toml", "README.md", "api", "operator", "agent"} <= allowed
+
+
+def test_image_pins_cover_every_dependency_of_both_extras():
+    """images/constraints.txt (make lock) pins each package the images install: every
+    requirement of the project and of both extras has a line ``name==version``."""
+    pins = {line.split("==")[0].lower().replace("_", "-")
+            for line in (ROOT / "images/constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["operator"],
+              *project["optional-dependencies"]["agent"]]
+    names = {re.split(r"[<>=\[ ]", req, maxsplit=1)[0].lower().replace("_", "-") for req in wanted}
+    assert names - pins == set()
+
+
+def test_simulated_driver_dir_is_test_only_and_off_by_default(default):
+    """agent.simulatedDriverDir (the local cluster's real node) mounts that host
+    directory read-only and points the agent at its socket; unset, nothing of it renders."""
+    c = container(one(default, "DaemonSet"))
+    assert not any("simgpu" in a for a in c["args"])
+    assert "simgpu" not in {m["name"] for m in c["volumeMounts"]}
+    ds = one(render({"agent.simulatedDriverDir": "/var/lib/simgpu"}), "DaemonSet")
+    c = container(ds)
+    assert "--simgpu-socket=/run/simgpu/driver.sock" in c["args"]
+    assert {"name": "simgpu", "mountPath": "/run/simgpu", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "simgpu", "hostPath": {"path": "/var/lib/simgpu", "type": "Directory"}} in pod_spec(ds)["volumes"]
+    settings = pytest.importorskip("vramguard_agent.settings")
+    parsed = settings.parse(c["args"], env={"NODE_NAME": "real-node-1"})
+    assert str(parsed.params["simgpu_socket"]) == "/run/simgpu/driver.sock"
 
 
 # --- docs/install.md: the commands the end-to-end test runs -------------------

@@ -24,7 +24,7 @@ from . import (
     LeakResult,
     needed_seconds,
 )
-from .evidence import MIN_POINTS
+from .tuning import TUNING
 
 
 class Verdict(StrEnum):
@@ -81,7 +81,7 @@ def judge(
     on ``a`` with the same thresholds). A called leak is a leak however little data
     it rests on; otherwise, in order: no usable values (every sample missing, NaN or
     zero), too short (the current segment spans less than a leak would need at its
-    noise), too sparse (fewer than the fast path's MIN_POINTS usable samples); else no leak."""
+    noise), too sparse (fewer than the fast path's ``TUNING.fast_min_points`` usable samples); else no leak."""
     if result.leak:
         return Judgement(Verdict.LEAK)
     if a.sv.size == 0:
@@ -98,7 +98,7 @@ def judge(
             f" samples over {format_seconds(needed)} are needed to call a leak at this noise",
             needed_seconds=needed,
         )
-    if a.sv.size < MIN_POINTS:
+    if a.sv.size < TUNING.fast_min_points:
         return Judgement(Verdict.UNDETERMINED, Reason.TOO_SPARSE,
-                         f"{a.sv.size} usable samples over {format_seconds(span)}; at least {MIN_POINTS} are needed")
+                         f"{a.sv.size} usable samples over {format_seconds(span)}; at least {TUNING.fast_min_points} are needed")
     return Judgement(Verdict.NO_LEAK)

@@ -10,9 +10,9 @@ from vramguard_agent.agent import Agent, AgentConfig, Components
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.reporter import Reporter
 from vramguard_agent.sampler import Sampler
+from vramguard_api.ends import ACK_ANNOTATION
 from vramguard_sim.scenario import Scenario
 from vramguard_sim.simbackend import SimBackend
-from vramguard_api.ends import ACK_ANNOTATION
 
 from .stubapi import StubAPI
 from .test_agent import offsets, patches, stub  # noqa: F401 - the fixture

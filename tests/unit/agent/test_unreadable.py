@@ -13,7 +13,7 @@ from vramguard_agent.gpu import BackendUnavailable, GPUSample
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.reporter import Reporter
 from vramguard_agent.sampler import Sampler
-from vramguard_agent.sim import SimBackend
+from vramguard_sim.simbackend import SimBackend
 
 from .stubapi import StubAPI
 from .test_agent import STATUS, node

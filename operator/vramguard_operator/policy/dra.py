@@ -18,7 +18,9 @@ mig.go; Project-HAMi/k8s-dra-driver cmd/hami-kubelet-plugin/hami_core.go).
   those) is the pod's limit on that UUID, source ``dra/<claim>``; several
   results of one claim on one device add up.
 - No consumed memory (a whole device, or a driver's share without a memory
-  request, which books none) sets no limit: the device is the bound.
+  request, which books none) sets no limit: the device is the bound. On a
+  device that allows multiple allocations this is a ``MalformedAllocation``
+  problem (the pod shares the device but booked no memory on it).
 - A MIG device is published with its own (MIG) UUID and memory.
 - A claim reserved for several consumers (``status.reservedFor[]``) books its
   memory for all of them: each pod's limit is the claim's total, and the
@@ -65,11 +67,14 @@ class DRAConfig:
 @dataclass(frozen=True, slots=True)
 class SlicedDevice:
     """A device of a ResourceSlice: its GPU UUID (None: not a GPU), its memory
-    capacity in bytes (None when not published) and its node."""
+    capacity in bytes (None when not published), its node, and whether it
+    allows multiple allocations (``allowMultipleAllocations``: shared, booked
+    through ``consumedCapacity``)."""
 
     uuid: str | None
     memory: int | None
     node: str | None
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +140,10 @@ def device_index(slices: Iterable[Mapping[str, Any]], config: DRAConfig = DRACon
             uuid = _attribute(dev.get("attributes") or {}, driver, config.uuid_attribute)
             cap = (dev.get("capacity") or {}).get(config.memory_capacity) or {}
             out[(driver, pool.get("name") or "", dev.get("name") or "")] = SlicedDevice(
-                uuid if isinstance(uuid, str) and uuid else None, _bytes(cap.get("value")), spec.get("nodeName")
+                uuid if isinstance(uuid, str) and uuid else None,
+                _bytes(cap.get("value")),
+                spec.get("nodeName"),
+                dev.get("allowMultipleAllocations") is True,
             )
     return out
 
@@ -190,11 +198,21 @@ def _resolve(claim: Mapping[str, Any], devices: Mapping[tuple[str, str, str], Sl
         if dev.uuid is None:
             continue  # not a GPU (no UUID attribute)
         if not memory:
+            if dev.shared and consumed is None:
+                out.problems.append(PodProblem(EVENT_MALFORMED_ALLOCATION, _unbooked(label, name, r, config)))
             out.whole.add(dev.uuid)
             continue
         out.memory[dev.uuid] = out.memory.get(dev.uuid, 0) + memory
         out.where[dev.uuid] = f"{name} ({driver}, pool {pool})"
     return out
+
+
+def _unbooked(label: str, name: str, result: Mapping[str, Any], config: DRAConfig) -> str:
+    return (
+        f"{label}: result for request {result.get('request')} on device {name}, which allows multiple "
+        f"allocations, has no consumedCapacity.{config.memory_capacity}: wanted the memory the claim books "
+        "there; the device is taken as the pod's whole bound"
+    )
 
 
 def claim_grants(

@@ -16,6 +16,13 @@ from vramguard_api.units import quantity_decimal
 # Pod resources and annotations of GPU-sharing systems.
 RESOURCE_GPU = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# NVIDIA's device plugin renames a shared resource to <name>.shared under
+# time-slicing or MPS with renameByDefault (github.com/NVIDIA/k8s-device-plugin
+# api/config/v1/resources.go, DefaultSharedRename; consts.go,
+# DefaultSharedResourceNameSuffix): nvidia.com/gpu.shared, nvidia.com/mig-1g.5gb.shared.
+SHARED_SUFFIX = ".shared"
+GPU_RESOURCES = (RESOURCE_GPU, RESOURCE_GPU + SHARED_SUFFIX)
+"""The names of whole (or time-sliced, MPS-shared) NVIDIA GPUs as pod resources."""
 HAMI_GPUMEM = "nvidia.com/gpumem"  # MiB per vGPU
 HAMI_GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"  # percent of the device per vGPU
 ALIYUN_GPU_MEM = "aliyun.com/gpu-mem"  # GiB (default unit of gpushare-device-plugin)
@@ -43,8 +50,9 @@ _WHOLE_NUMBER = re.compile(r"\d+(?:[eE]\+?\d+)?")  # a quantity without a suffix
 class PodGPURequest:
     """What a pod asks for on GPUs, summed or maxed over its containers.
 
-    ``gpus``: ``nvidia.com/gpu`` devices (or vGPUs under HAMi). ``mig``: count
-    per MIG profile. ``hami_gpumem_mib`` / ``hami_percentage``: the largest
+    ``gpus``: ``nvidia.com/gpu`` (or ``nvidia.com/gpu.shared``) devices (or
+    vGPUs under HAMi). ``mig``: count per MIG profile (``nvidia.com/mig-<profile>``,
+    ``.shared`` or not). ``hami_gpumem_mib`` / ``hami_percentage``: the largest
     per-container HAMi grant per device. ``aliyun_gpu_mem``: sum over
     containers, in the node's unit. ``kai_memory_mib`` / ``kai_fraction``: the
     KAI scheduler annotations. ``problems``: unparsable values (skipped), each
@@ -104,10 +112,10 @@ class PodGPURequest:
                 value = _gpu_value(name, raw, f"{path}[{name}]", problems)
                 if value is None or value == 0:
                     continue
-                if name == RESOURCE_GPU:
+                if name in GPU_RESOURCES:
                     gpus += int(value)
                 elif name.startswith(MIG_RESOURCE_PREFIX):
-                    profile = name.removeprefix(MIG_RESOURCE_PREFIX)
+                    profile = name.removeprefix(MIG_RESOURCE_PREFIX).removesuffix(SHARED_SUFFIX)
                     mig[profile] = mig.get(profile, 0) + int(value)
                 elif name == HAMI_GPUMEM:
                     gpumem.append(int(value))
@@ -160,7 +168,7 @@ def _gpu_value(name: str, raw: Any, where: str, problems: list[str]) -> Decimal 
 
 
 def _is_gpu_resource(name: str) -> bool:
-    return name == RESOURCE_GPU or name.startswith(MIG_RESOURCE_PREFIX) or name in COUNTED_IN
+    return name in GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX) or name in COUNTED_IN
 
 
 def _kai(ann: Mapping[str, str], where: str, problems: list[str]) -> tuple[int | None, float | None]:

@@ -21,6 +21,10 @@ mig.go; Project-HAMi/k8s-dra-driver cmd/hami-kubelet-plugin/hami_core.go).
   request, which books none) sets no limit: the device is the bound. On a
   device that allows multiple allocations this is a ``MalformedAllocation``
   problem (the pod shares the device but booked no memory on it).
+- The NVIDIA DRA driver's MPS pinned device memory limits in the claim's
+  ``GpuConfig``/``MigDeviceConfig`` (``dra_config.py``) are a limit on each
+  device they apply to, per pod (each pod is one MPS client), source
+  ``dra/<claim>``; with consumed memory too, the smaller.
 - A MIG device is published with its own (MIG) UUID and memory.
 - A claim reserved for several consumers (``status.reservedFor[]``) books its
   memory for all of them: each pod's limit is the claim's total, and the
@@ -41,6 +45,7 @@ from decimal import InvalidOperation
 from typing import Any
 
 from vramguard_api.units import format_bytes, quantity_decimal
+from vramguard_operator.policy.dra_config import Allocated, PinnedLimit, pinned_limits
 from vramguard_operator.policy.grants import (
     EVENT_ALLOCATED_DEVICE_MISSING,
     EVENT_MALFORMED_ALLOCATION,
@@ -75,6 +80,7 @@ class SlicedDevice:
     memory: int | None
     node: str | None
     shared: bool = False
+    kind: str | None = None  # the driver's ``type`` attribute: gpu, mig
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +144,14 @@ def device_index(slices: Iterable[Mapping[str, Any]], config: DRAConfig = DRACon
             continue
         for dev in spec.get("devices") or ():
             uuid = _attribute(dev.get("attributes") or {}, driver, config.uuid_attribute)
+            kind = _attribute(dev.get("attributes") or {}, driver, "type")
             cap = (dev.get("capacity") or {}).get(config.memory_capacity) or {}
             out[(driver, pool.get("name") or "", dev.get("name") or "")] = SlicedDevice(
                 uuid if isinstance(uuid, str) and uuid else None,
                 _bytes(cap.get("value")),
                 spec.get("nodeName"),
                 dev.get("allowMultipleAllocations") is True,
+                kind if isinstance(kind, str) else None,
             )
     return out
 
@@ -170,6 +178,7 @@ class _Claim:
     memory: dict[str, int] = field(default_factory=dict)  # uuid -> consumed bytes
     where: dict[str, str] = field(default_factory=dict)  # uuid -> "gpu-0 (driver, pool x)"
     whole: set[str] = field(default_factory=set)  # uuids allocated without consumed memory
+    pinned: dict[str, PinnedLimit] = field(default_factory=dict)  # uuid -> MPS pinned limit (dra_config)
     problems: list[PodProblem] = field(default_factory=list)
 
 
@@ -179,6 +188,7 @@ def _resolve(claim: Mapping[str, Any], devices: Mapping[tuple[str, str, str], Sl
     out = _Claim()
     allocation = (claim.get("status") or {}).get("allocation") or {}
     results = (allocation.get("devices") or {}).get("results") or ()
+    gpus: list[Allocated] = []
     for r in results:
         driver, pool, name = r.get("driver") or "", r.get("pool") or "", r.get("device") or ""
         consumed = (r.get("consumedCapacity") or {}).get(config.memory_capacity)
@@ -197,13 +207,16 @@ def _resolve(claim: Mapping[str, Any], devices: Mapping[tuple[str, str, str], Sl
             continue
         if dev.uuid is None:
             continue  # not a GPU (no UUID attribute)
+        gpus.append(Allocated(r.get("request") or "", driver, name, dev.uuid, dev.kind))
+        out.where.setdefault(dev.uuid, f"{name} ({driver}, pool {pool})")
         if not memory:
             if dev.shared and consumed is None:
                 out.problems.append(PodProblem(EVENT_MALFORMED_ALLOCATION, _unbooked(label, name, r, config)))
             out.whole.add(dev.uuid)
             continue
         out.memory[dev.uuid] = out.memory.get(dev.uuid, 0) + memory
-        out.where[dev.uuid] = f"{name} ({driver}, pool {pool})"
+    out.pinned, unread = pinned_limits(claim, gpus)
+    out.problems += [PodProblem(EVENT_MALFORMED_ALLOCATION, f"{label}: {p}; no MPS limit from this config") for p in unread]
     return out
 
 
@@ -244,7 +257,7 @@ def claim_grants(
             users.setdefault((ns, name), []).append(uid)
             problems += r.problems
             mine |= set(r.memory) | r.whole
-            if r.memory:
+            if r.memory or r.pinned:
                 parts.append(Grant(devices=_limits(name, r, _consumers(claim))))
         held[uid] = frozenset(mine)
         if parts or problems:
@@ -258,12 +271,18 @@ def _consumers(claim: Mapping[str, Any]) -> int:
 
 
 def _limits(name: str, r: _Claim, consumers: int) -> dict[str, EffectiveLimit]:
+    """Per device: the memory the claim consumed there, or its MPS pinned limit
+    (each pod is one MPS client: the limit is per pod, shared claim or not),
+    the smaller when both are set."""
     out = {}
     for uuid, memory in r.memory.items():
         detail = f"{format_bytes(memory)} consumed on {r.where[uuid]}"
         if consumers > 1:
             detail += f"; shared by {consumers} consumers: their total"
         out[uuid] = EffectiveLimit(memory, f"dra/{name}", detail)
+    for uuid, pinned in r.pinned.items():
+        if uuid not in out or pinned.bytes < out[uuid].bytes:
+            out[uuid] = EffectiveLimit(pinned.bytes, f"dra/{name}", f"{pinned.detail} on {r.where[uuid]}")
     return out
 
 

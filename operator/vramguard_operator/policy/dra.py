@@ -25,7 +25,9 @@ mig.go; Project-HAMi/k8s-dra-driver cmd/hami-kubelet-plugin/hami_core.go).
   ``GpuConfig``/``MigDeviceConfig`` (``dra_config.py``) are a limit on each
   device they apply to, per pod (each pod is one MPS client), source
   ``dra/<claim>``; with consumed memory too, the smaller.
-- A MIG device is published with its own (MIG) UUID and memory.
+- A MIG device is published with its own (MIG) UUID and memory; allocated
+  whole, that memory (its ``memory`` capacity, else the size in its
+  ``profile`` attribute's name) is its limit, never its parent GPU's.
 - A claim reserved for several consumers (``status.reservedFor[]``) books its
   memory for all of them: each pod's limit is the claim's total, and the
   caller adds a budget on their sum (``SharedClaim``).
@@ -54,6 +56,7 @@ from vramguard_operator.policy.grants import (
     Grants,
     PodProblem,
 )
+from vramguard_operator.policy.node import MIG_NAME_GB
 
 DEFAULT_UUID_ATTRIBUTE = "uuid"
 DEFAULT_MEMORY_CAPACITY = "memory"
@@ -81,6 +84,23 @@ class SlicedDevice:
     node: str | None
     shared: bool = False
     kind: str | None = None  # the driver's ``type`` attribute: gpu, mig
+    profile: str | None = None  # a MIG device's ``profile`` attribute (``1g.10gb``)
+
+    @property
+    def is_mig(self) -> bool:
+        """Whether the device is a MIG device (its ``type``, else its UUID)."""
+        return self.kind == "mig" or (self.uuid or "").startswith("MIG-")
+
+    def own_memory(self) -> tuple[int, str] | None:
+        """A MIG device's own memory and where it was read: the slice's memory
+        capacity, else the nominal size in its profile's name (``1g.10gb``:
+        10·10⁹ bytes); None for a GPU or when neither is published."""
+        if not self.is_mig:
+            return None
+        if self.memory:
+            return self.memory, "ResourceSlice capacity"
+        m = MIG_NAME_GB.search(self.profile or "")
+        return (int(m.group(1)) * 10**9, f"profile {self.profile}") if m else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +165,7 @@ def device_index(slices: Iterable[Mapping[str, Any]], config: DRAConfig = DRACon
         for dev in spec.get("devices") or ():
             uuid = _attribute(dev.get("attributes") or {}, driver, config.uuid_attribute)
             kind = _attribute(dev.get("attributes") or {}, driver, "type")
+            profile = _attribute(dev.get("attributes") or {}, driver, "profile")
             cap = (dev.get("capacity") or {}).get(config.memory_capacity) or {}
             out[(driver, pool.get("name") or "", dev.get("name") or "")] = SlicedDevice(
                 uuid if isinstance(uuid, str) and uuid else None,
@@ -152,6 +173,7 @@ def device_index(slices: Iterable[Mapping[str, Any]], config: DRAConfig = DRACon
                 spec.get("nodeName"),
                 dev.get("allowMultipleAllocations") is True,
                 kind if isinstance(kind, str) else None,
+                profile if isinstance(profile, str) else None,
             )
     return out
 
@@ -179,6 +201,7 @@ class _Claim:
     where: dict[str, str] = field(default_factory=dict)  # uuid -> "gpu-0 (driver, pool x)"
     whole: set[str] = field(default_factory=set)  # uuids allocated without consumed memory
     pinned: dict[str, PinnedLimit] = field(default_factory=dict)  # uuid -> MPS pinned limit (dra_config)
+    own: dict[str, tuple[int, str]] = field(default_factory=dict)  # whole MIG uuid -> its memory, basis
     problems: list[PodProblem] = field(default_factory=list)
 
 
@@ -213,6 +236,9 @@ def _resolve(claim: Mapping[str, Any], devices: Mapping[tuple[str, str, str], Sl
             if dev.shared and consumed is None:
                 out.problems.append(PodProblem(EVENT_MALFORMED_ALLOCATION, _unbooked(label, name, r, config)))
             out.whole.add(dev.uuid)
+            size = dev.own_memory()
+            if size is not None:
+                out.own[dev.uuid] = size
             continue
         out.memory[dev.uuid] = out.memory.get(dev.uuid, 0) + memory
     out.pinned, unread = pinned_limits(claim, gpus)
@@ -257,7 +283,7 @@ def claim_grants(
             users.setdefault((ns, name), []).append(uid)
             problems += r.problems
             mine |= set(r.memory) | r.whole
-            if r.memory or r.pinned:
+            if r.memory or r.pinned or r.own:
                 parts.append(Grant(devices=_limits(name, r, _consumers(claim))))
         held[uid] = frozenset(mine)
         if parts or problems:
@@ -271,15 +297,18 @@ def _consumers(claim: Mapping[str, Any]) -> int:
 
 
 def _limits(name: str, r: _Claim, consumers: int) -> dict[str, EffectiveLimit]:
-    """Per device: the memory the claim consumed there, or its MPS pinned limit
-    (each pod is one MPS client: the limit is per pod, shared claim or not),
-    the smaller when both are set."""
+    """Per device: the memory the claim consumed there, or a whole MIG device's
+    own memory, or its MPS pinned limit (each pod is one MPS client: the limit
+    is per pod, shared claim or not), the smaller when several are set."""
     out = {}
     for uuid, memory in r.memory.items():
         detail = f"{format_bytes(memory)} consumed on {r.where[uuid]}"
         if consumers > 1:
             detail += f"; shared by {consumers} consumers: their total"
         out[uuid] = EffectiveLimit(memory, f"dra/{name}", detail)
+    for uuid, (size, basis) in r.own.items():
+        if uuid not in out:
+            out[uuid] = EffectiveLimit(size, f"dra/{name}", f"whole MIG device {r.where[uuid]}: {format_bytes(size)} ({basis})")
     for uuid, pinned in r.pinned.items():
         if uuid not in out or pinned.bytes < out[uuid].bytes:
             out[uuid] = EffectiveLimit(pinned.bytes, f"dra/{name}", f"{pinned.detail} on {r.where[uuid]}")

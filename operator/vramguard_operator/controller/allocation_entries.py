@@ -1,4 +1,5 @@
-"""Index entries of what allocates GPU memory to pods (``resource.k8s.io/v1``):
+"""Index entries of what allocates GPU memory to pods (``resource.k8s.io``, at
+the version the cluster serves: ``dra_versions``; trimmed to the v1 shape):
 ResourceClaims and ResourceSlices, trimmed to what ``policy.dra`` reads. Pure.
 
 The operator reads both through kopf's list and watch only (RBAC: list, watch).
@@ -11,7 +12,7 @@ from typing import Any
 
 from vramguard_operator.controller.kubeapi import plain
 
-DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
+DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"  # DRA_VERSION: when discovery says nothing
 CLAIMS, SLICES = "resourceclaims", "resourceslices"
 
 
@@ -53,9 +54,10 @@ def slice_entry(body: Mapping[str, Any]) -> dict[str, Any]:
     pool = spec.get("pool") or {}
     devices = []
     for d in spec.get("devices") or ():
-        capacity = {k: {"value": plain((v or {}).get("value"))} for k, v in (d.get("capacity") or {}).items()}
-        entry = {"name": d.get("name"), "attributes": plain(d.get("attributes") or {}), "capacity": capacity}
-        if d.get("allowMultipleAllocations") is True:
+        fields = d.get("basic") or d  # v1beta1 nests a device's fields under "basic"
+        capacity = {k: {"value": plain((v or {}).get("value"))} for k, v in (fields.get("capacity") or {}).items()}
+        entry = {"name": d.get("name"), "attributes": plain(fields.get("attributes") or {}), "capacity": capacity}
+        if fields.get("allowMultipleAllocations") is True:
             entry["allowMultipleAllocations"] = True
         devices.append(entry)
     return {

@@ -14,12 +14,15 @@ import threading
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from vramguard_operator.controller import watches
+from vramguard_operator.controller import dra_versions, watches
+from vramguard_operator.controller.allocation_entries import DRA_GROUP, DRA_VERSION
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
 from vramguard_operator.controller.informer import Informer
+from vramguard_operator.controller.kubeapi import error_text
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.controller.oom import OOMPublisher, oom_counter
 from vramguard_operator.controller.reconcile import Reconciler
@@ -29,6 +32,19 @@ from vramguard_operator.controller.status_writer import StatusWriter
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 log = logging.getLogger("vramguard.operator")
+
+
+def discover_dra(api: client.ApiClient) -> str | None:
+    """The DRA version to read (``dra_versions``), logged; None when none is
+    served (the informers then ask for v1, and a 404 keeps them empty: a
+    cluster upgraded later is read within five minutes)."""
+    try:
+        version = dra_versions.pick_version(dra_versions.served_versions(api))
+    except ApiException as err:
+        log.warning("API discovery of %s failed (%s); reading %s", DRA_GROUP, error_text(err), DRA_VERSION)
+        return DRA_VERSION
+    (log.info if version else log.warning)("%s", dra_versions.describe(version))
+    return version
 
 
 def shard_config(settings: OperatorSettings) -> ShardConfig | None:
@@ -65,8 +81,9 @@ class Operator:
         # OOM records (controller/oom.py) are published beside the reconcile loop, from the same changes.
         self.oom = OOMPublisher(api, recorder, oom_counter(metrics.registry), lambda: self.store("nodes"),
                                 cfg.request_timeout, budgets=lambda: self.store("budgets"))
+        dra_version = discover_dra(api)
         self.informers = watches.build(api, self._sink, settings.namespaces, cfg.unlabelled_pods,
-                                       settings.watch_timeout)
+                                       settings.watch_timeout, dra_version or DRA_VERSION)
         self.metrics = metrics
         metrics.shards.set(1 if self.shards is None else 0)
         self._stop = threading.Event()

@@ -83,8 +83,10 @@ def build(
     namespaces: Sequence[str] = (),
     unlabelled: bool = True,
     watch_seconds: float = 300.0,
+    dra_version: str = DRA_VERSION,
 ) -> dict[str, Informer[Any]]:
-    """The informers, by collection (not started: start them in ``ORDER``)."""
+    """The informers, by collection (not started: start them in ``ORDER``);
+    claims and slices at ``dra_version`` of ``resource.k8s.io``."""
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     wanted = matcher(namespaces)
     out: dict[str, Informer[Any]] = {}
@@ -98,9 +100,9 @@ def build(
     add("namespaces", core.list_namespace, _name, namespace_entry)
     add("policies", cluster(POLICIES), _name, policy_body)
     add("budgets", cluster(BUDGETS), _ns_name, lambda b: budget_entry(b) if wanted(_ns_name(b)[0]) else None)
-    add("claims", cluster(CLAIMS, DRA_GROUP, DRA_VERSION), _ns_name,
+    add("claims", cluster(CLAIMS, DRA_GROUP, dra_version), _ns_name,
         lambda b: claim_entry(b) if wanted(_ns_name(b)[0]) else None, optional=True)
-    add("slices", cluster(SLICES, DRA_GROUP, DRA_VERSION), _name, slice_entry, optional=True)
+    add("slices", cluster(SLICES, DRA_GROUP, dra_version), _name, slice_entry, optional=True)
     add("nodes", core.list_node, _name, node_entry)
     report_nodes: set[str] = set()  # nodes with a report (for the unlabelled pods' filter)
 

@@ -18,8 +18,16 @@ mig.go; Project-HAMi/k8s-dra-driver cmd/hami-kubelet-plugin/hami_core.go).
   those) is the pod's limit on that UUID, source ``dra/<claim>``; several
   results of one claim on one device add up.
 - No consumed memory (a whole device, or a driver's share without a memory
-  request, which books none) sets no limit: the device is the bound.
-- A MIG device is published with its own (MIG) UUID and memory.
+  request, which books none) sets no limit: the device is the bound. On a
+  device that allows multiple allocations this is a ``MalformedAllocation``
+  problem (the pod shares the device but booked no memory on it).
+- The NVIDIA DRA driver's MPS pinned device memory limits in the claim's
+  ``GpuConfig``/``MigDeviceConfig`` (``dra_config.py``) are a limit on each
+  device they apply to, per pod (each pod is one MPS client), source
+  ``dra/<claim>``; with consumed memory too, the smaller.
+- A MIG device is published with its own (MIG) UUID and memory; allocated
+  whole, that memory (its ``memory`` capacity, else the size in its
+  ``profile`` attribute's name) is its limit, never its parent GPU's.
 - A claim reserved for several consumers (``status.reservedFor[]``) books its
   memory for all of them: each pod's limit is the claim's total, and the
   caller adds a budget on their sum (``SharedClaim``).
@@ -39,6 +47,7 @@ from decimal import InvalidOperation
 from typing import Any
 
 from vramguard_api.units import format_bytes, quantity_decimal
+from vramguard_operator.policy.dra_config import Allocated, PinnedLimit, pinned_limits
 from vramguard_operator.policy.grants import (
     EVENT_ALLOCATED_DEVICE_MISSING,
     EVENT_MALFORMED_ALLOCATION,
@@ -47,6 +56,7 @@ from vramguard_operator.policy.grants import (
     Grants,
     PodProblem,
 )
+from vramguard_operator.policy.node import MIG_NAME_GB
 
 DEFAULT_UUID_ATTRIBUTE = "uuid"
 DEFAULT_MEMORY_CAPACITY = "memory"
@@ -65,11 +75,32 @@ class DRAConfig:
 @dataclass(frozen=True, slots=True)
 class SlicedDevice:
     """A device of a ResourceSlice: its GPU UUID (None: not a GPU), its memory
-    capacity in bytes (None when not published) and its node."""
+    capacity in bytes (None when not published), its node, and whether it
+    allows multiple allocations (``allowMultipleAllocations``: shared, booked
+    through ``consumedCapacity``)."""
 
     uuid: str | None
     memory: int | None
     node: str | None
+    shared: bool = False
+    kind: str | None = None  # the driver's ``type`` attribute: gpu, mig
+    profile: str | None = None  # a MIG device's ``profile`` attribute (``1g.10gb``)
+
+    @property
+    def is_mig(self) -> bool:
+        """Whether the device is a MIG device (its ``type``, else its UUID)."""
+        return self.kind == "mig" or (self.uuid or "").startswith("MIG-")
+
+    def own_memory(self) -> tuple[int, str] | None:
+        """A MIG device's own memory and where it was read: the slice's memory
+        capacity, else the nominal size in its profile's name (``1g.10gb``:
+        10·10⁹ bytes); None for a GPU or when neither is published."""
+        if not self.is_mig:
+            return None
+        if self.memory:
+            return self.memory, "ResourceSlice capacity"
+        m = MIG_NAME_GB.search(self.profile or "")
+        return (int(m.group(1)) * 10**9, f"profile {self.profile}") if m else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +164,16 @@ def device_index(slices: Iterable[Mapping[str, Any]], config: DRAConfig = DRACon
             continue
         for dev in spec.get("devices") or ():
             uuid = _attribute(dev.get("attributes") or {}, driver, config.uuid_attribute)
+            kind = _attribute(dev.get("attributes") or {}, driver, "type")
+            profile = _attribute(dev.get("attributes") or {}, driver, "profile")
             cap = (dev.get("capacity") or {}).get(config.memory_capacity) or {}
             out[(driver, pool.get("name") or "", dev.get("name") or "")] = SlicedDevice(
-                uuid if isinstance(uuid, str) and uuid else None, _bytes(cap.get("value")), spec.get("nodeName")
+                uuid if isinstance(uuid, str) and uuid else None,
+                _bytes(cap.get("value")),
+                spec.get("nodeName"),
+                dev.get("allowMultipleAllocations") is True,
+                kind if isinstance(kind, str) else None,
+                profile if isinstance(profile, str) else None,
             )
     return out
 
@@ -162,6 +200,8 @@ class _Claim:
     memory: dict[str, int] = field(default_factory=dict)  # uuid -> consumed bytes
     where: dict[str, str] = field(default_factory=dict)  # uuid -> "gpu-0 (driver, pool x)"
     whole: set[str] = field(default_factory=set)  # uuids allocated without consumed memory
+    pinned: dict[str, PinnedLimit] = field(default_factory=dict)  # uuid -> MPS pinned limit (dra_config)
+    own: dict[str, tuple[int, str]] = field(default_factory=dict)  # whole MIG uuid -> its memory, basis
     problems: list[PodProblem] = field(default_factory=list)
 
 
@@ -171,6 +211,7 @@ def _resolve(claim: Mapping[str, Any], devices: Mapping[tuple[str, str, str], Sl
     out = _Claim()
     allocation = (claim.get("status") or {}).get("allocation") or {}
     results = (allocation.get("devices") or {}).get("results") or ()
+    gpus: list[Allocated] = []
     for r in results:
         driver, pool, name = r.get("driver") or "", r.get("pool") or "", r.get("device") or ""
         consumed = (r.get("consumedCapacity") or {}).get(config.memory_capacity)
@@ -189,12 +230,28 @@ def _resolve(claim: Mapping[str, Any], devices: Mapping[tuple[str, str, str], Sl
             continue
         if dev.uuid is None:
             continue  # not a GPU (no UUID attribute)
+        gpus.append(Allocated(r.get("request") or "", driver, name, dev.uuid, dev.kind))
+        out.where.setdefault(dev.uuid, f"{name} ({driver}, pool {pool})")
         if not memory:
+            if dev.shared and consumed is None:
+                out.problems.append(PodProblem(EVENT_MALFORMED_ALLOCATION, _unbooked(label, name, r, config)))
             out.whole.add(dev.uuid)
+            size = dev.own_memory()
+            if size is not None:
+                out.own[dev.uuid] = size
             continue
         out.memory[dev.uuid] = out.memory.get(dev.uuid, 0) + memory
-        out.where[dev.uuid] = f"{name} ({driver}, pool {pool})"
+    out.pinned, unread = pinned_limits(claim, gpus)
+    out.problems += [PodProblem(EVENT_MALFORMED_ALLOCATION, f"{label}: {p}; no MPS limit from this config") for p in unread]
     return out
+
+
+def _unbooked(label: str, name: str, result: Mapping[str, Any], config: DRAConfig) -> str:
+    return (
+        f"{label}: result for request {result.get('request')} on device {name}, which allows multiple "
+        f"allocations, has no consumedCapacity.{config.memory_capacity}: wanted the memory the claim books "
+        "there; the device is taken as the pod's whole bound"
+    )
 
 
 def claim_grants(
@@ -226,7 +283,7 @@ def claim_grants(
             users.setdefault((ns, name), []).append(uid)
             problems += r.problems
             mine |= set(r.memory) | r.whole
-            if r.memory:
+            if r.memory or r.pinned or r.own:
                 parts.append(Grant(devices=_limits(name, r, _consumers(claim))))
         held[uid] = frozenset(mine)
         if parts or problems:
@@ -240,12 +297,21 @@ def _consumers(claim: Mapping[str, Any]) -> int:
 
 
 def _limits(name: str, r: _Claim, consumers: int) -> dict[str, EffectiveLimit]:
+    """Per device: the memory the claim consumed there, or a whole MIG device's
+    own memory, or its MPS pinned limit (each pod is one MPS client: the limit
+    is per pod, shared claim or not), the smaller when several are set."""
     out = {}
     for uuid, memory in r.memory.items():
         detail = f"{format_bytes(memory)} consumed on {r.where[uuid]}"
         if consumers > 1:
             detail += f"; shared by {consumers} consumers: their total"
         out[uuid] = EffectiveLimit(memory, f"dra/{name}", detail)
+    for uuid, (size, basis) in r.own.items():
+        if uuid not in out:
+            out[uuid] = EffectiveLimit(size, f"dra/{name}", f"whole MIG device {r.where[uuid]}: {format_bytes(size)} ({basis})")
+    for uuid, pinned in r.pinned.items():
+        if uuid not in out or pinned.bytes < out[uuid].bytes:
+            out[uuid] = EffectiveLimit(pinned.bytes, f"dra/{name}", f"{pinned.detail} on {r.where[uuid]}")
     return out
 
 

@@ -43,7 +43,7 @@ from vramguard_api.units import format_bytes
 from vramguard_operator.policy.grants import EffectiveLimit
 from vramguard_operator.policy.merge import MergedPolicy
 from vramguard_operator.policy.node import MiB, NodeFacts
-from vramguard_operator.policy.request import RESOURCE_GPU, PodGPURequest
+from vramguard_operator.policy.request import GPU_RESOURCES, PodGPURequest
 from vramguard_operator.policy.shares import per_device_limit
 
 ANNOTATION_INJECTED = "vramguard.io/injected"
@@ -109,11 +109,14 @@ def _own_names(container: Mapping[str, Any]) -> set[str]:
 
 def _gpu_count(container: Mapping[str, Any]) -> int:
     res = container.get("resources") or {}
-    raw = (res.get("limits") or {}).get(RESOURCE_GPU) or (res.get("requests") or {}).get(RESOURCE_GPU)
-    try:
-        return max(1, int(str(raw)))
-    except (TypeError, ValueError):
-        return 1
+    total = 0
+    for name in GPU_RESOURCES:
+        raw = (res.get("limits") or {}).get(name) or (res.get("requests") or {}).get(name)
+        try:
+            total += int(str(raw)) if raw is not None else 0
+        except (TypeError, ValueError):
+            pass
+    return max(1, total)
 
 
 def mutate_pod(

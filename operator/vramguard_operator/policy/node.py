@@ -58,11 +58,22 @@ class NodeFacts:
 
     @property
     def replicas(self) -> int:
-        """Pods that share one device (``nvidia.com/gpu.replicas``; 1 when absent or bad)."""
-        try:
-            return max(1, int(self.labels.get(LABEL_REPLICAS, "1")))
-        except ValueError:
-            return 1
+        """Pods that share one device (``nvidia.com/gpu.replicas``; 1 when absent or
+        bad: ``problems`` says so)."""
+        raw = self.labels.get(LABEL_REPLICAS, "1")
+        return int(raw) if raw.isdigit() and int(raw) >= 1 else 1
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """What the node's labels say that cannot be read, one line each naming
+        the label, its value and what is wanted (empty when all are fine)."""
+        raw = self.labels.get(LABEL_REPLICAS)
+        if raw is None or (raw.isdigit() and int(raw) >= 1):
+            return ()
+        return (
+            f"node {self.name}: label {LABEL_REPLICAS}={raw!r}: wanted a whole number of at least 1; "
+            "its devices are taken as unshared",
+        )
 
     @property
     def is_vgpu(self) -> bool:

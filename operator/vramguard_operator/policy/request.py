@@ -5,6 +5,7 @@ summed or maxed over its containers. Pure: pods are JSON-like dicts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -15,6 +16,13 @@ from vramguard_api.units import quantity_decimal
 # Pod resources and annotations of GPU-sharing systems.
 RESOURCE_GPU = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# NVIDIA's device plugin renames a shared resource to <name>.shared under
+# time-slicing or MPS with renameByDefault (github.com/NVIDIA/k8s-device-plugin
+# api/config/v1/resources.go, DefaultSharedRename; consts.go,
+# DefaultSharedResourceNameSuffix): nvidia.com/gpu.shared, nvidia.com/mig-1g.5gb.shared.
+SHARED_SUFFIX = ".shared"
+GPU_RESOURCES = (RESOURCE_GPU, RESOURCE_GPU + SHARED_SUFFIX)
+"""The names of whole (or time-sliced, MPS-shared) NVIDIA GPUs as pod resources."""
 HAMI_GPUMEM = "nvidia.com/gpumem"  # MiB per vGPU
 HAMI_GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"  # percent of the device per vGPU
 ALIYUN_GPU_MEM = "aliyun.com/gpu-mem"  # GiB (default unit of gpushare-device-plugin)
@@ -23,13 +31,28 @@ KAI_GPU_MEMORY = "gpu-memory"  # pod annotation, MiB per device
 KAI_GPU_FRACTION = "gpu-fraction"  # pod annotation, fraction of one device in (0, 1)
 KAI_GPU_FRACTION_DEVICES = "gpu-fraction-num-devices"  # pod annotation, devices of that fraction
 
+# Resources whose value counts in a unit of their own (MiB, GiB, percent), not
+# bytes: what a value must be. A Kubernetes suffix there ("3000Mi") would
+# multiply again (3000 Mi MiB: about 2.9 PiB), so a value is a plain whole
+# number or it is refused. HAMi (github.com/Project-HAMi/HAMi
+# pkg/device/nvidia/device.go) reads gpumem and gpumem-percentage as integer
+# counts; AliyunContainerService/gpushare-device-plugin counts gpu-mem in GiB
+# (MiB when started with --memory-unit=MiB).
+COUNTED_IN: Mapping[str, str] = {
+    HAMI_GPUMEM: "a whole number of MiB, without a unit",
+    HAMI_GPUMEM_PERCENTAGE: "a whole number of percent, without a unit",
+    ALIYUN_GPU_MEM: "a whole number of GiB (MiB under --memory-unit=MiB), without a unit",
+}
+_WHOLE_NUMBER = re.compile(r"\d+(?:[eE]\+?\d+)?")  # a quantity without a suffix ("3000", "1e3")
+
 
 @dataclass(frozen=True, slots=True)
 class PodGPURequest:
     """What a pod asks for on GPUs, summed or maxed over its containers.
 
-    ``gpus``: ``nvidia.com/gpu`` devices (or vGPUs under HAMi). ``mig``: count
-    per MIG profile. ``hami_gpumem_mib`` / ``hami_percentage``: the largest
+    ``gpus``: ``nvidia.com/gpu`` (or ``nvidia.com/gpu.shared``) devices (or
+    vGPUs under HAMi). ``mig``: count per MIG profile (``nvidia.com/mig-<profile>``,
+    ``.shared`` or not). ``hami_gpumem_mib`` / ``hami_percentage``: the largest
     per-container HAMi grant per device. ``aliyun_gpu_mem``: sum over
     containers, in the node's unit. ``kai_memory_mib`` / ``kai_fraction``: the
     KAI scheduler annotations. ``problems``: unparsable values (skipped), each
@@ -48,9 +71,11 @@ class PodGPURequest:
 
     @property
     def is_gpu_pod(self) -> bool:
-        """Whether the pod uses a GPU through any of the supported resources."""
+        """Whether the pod uses a GPU through any of the supported resources (or
+        names one with a value that cannot be read: its Event needs a GPU pod)."""
         return bool(
-            self.gpus
+            self.problems
+            or self.gpus
             or self.mig
             or self.aliyun_gpu_mem
             or self.kai_memory_mib
@@ -82,22 +107,22 @@ class PodGPURequest:
             path = f"{where}: spec.containers[{i}].resources"
             uses = False
             for name, raw in res.items():
-                value = _number(raw, f"{path}[{name}]", problems)
-                if value is None or value <= 0:
+                if not _is_gpu_resource(name):
                     continue
-                if name == RESOURCE_GPU:
+                value = _gpu_value(name, raw, f"{path}[{name}]", problems)
+                if value is None or value == 0:
+                    continue
+                if name in GPU_RESOURCES:
                     gpus += int(value)
                 elif name.startswith(MIG_RESOURCE_PREFIX):
-                    profile = name.removeprefix(MIG_RESOURCE_PREFIX)
+                    profile = name.removeprefix(MIG_RESOURCE_PREFIX).removesuffix(SHARED_SUFFIX)
                     mig[profile] = mig.get(profile, 0) + int(value)
                 elif name == HAMI_GPUMEM:
                     gpumem.append(int(value))
                 elif name == HAMI_GPUMEM_PERCENTAGE:
                     percent.append(int(value))
-                elif name == ALIYUN_GPU_MEM:
-                    aliyun += value
                 else:
-                    continue
+                    aliyun += value
                 uses = True
             if uses:
                 gpu_containers.append(c.get("name") or "")
@@ -120,14 +145,30 @@ def container_resources(c: Mapping[str, Any]) -> dict[str, Any]:
     return {**(res.get("requests") or {}), **(res.get("limits") or {})}
 
 
-def _number(raw: Any, where: str, problems: list[str]) -> Decimal | None:
+def _gpu_value(name: str, raw: Any, where: str, problems: list[str]) -> Decimal | None:
+    """A resource's value; None, with a problem naming the field, the value and
+    what is wanted, when it cannot be used: not a quantity, negative, or (a
+    resource counted in MiB, GiB or percent: ``COUNTED_IN``) not a plain whole
+    number."""
     if raw is None:
         return None
-    try:
-        return quantity_decimal(raw)
-    except (ValueError, TypeError, InvalidOperation):
-        problems.append(f"{where}: invalid quantity {raw!r}")
+    counted = COUNTED_IN.get(name)
+    if counted is not None and _WHOLE_NUMBER.fullmatch(str(raw).strip()) is None:
+        problems.append(f"{where}={raw!r}: wanted {counted}; this value is ignored")
         return None
+    try:
+        value = quantity_decimal(raw)
+    except (ValueError, TypeError, InvalidOperation):
+        problems.append(f"{where}={raw!r}: wanted a Kubernetes quantity; this value is ignored")
+        return None
+    if value < 0:
+        problems.append(f"{where}={raw!r}: wanted a count of at least 0; this value is ignored")
+        return None
+    return value
+
+
+def _is_gpu_resource(name: str) -> bool:
+    return name in GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX) or name in COUNTED_IN
 
 
 def _kai(ann: Mapping[str, str], where: str, problems: list[str]) -> tuple[int | None, float | None]:

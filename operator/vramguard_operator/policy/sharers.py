@@ -332,14 +332,15 @@ def sharer_grants(
     pod: Mapping[str, Any], node: NodeFacts | None, group_devices: Mapping[str, str] | None = None
 ) -> Grants:
     """Every grant the pod's GPU-sharer annotations record (:data:`SHARERS`),
-    with the problems of those and of its resources and KAI annotations
-    (``PodGPURequest.problems``). ``group_devices``: KAI's GPU groups' device
+    with the problems of those, of its resources and KAI annotations
+    (``PodGPURequest.problems``) and of its node's labels (``NodeFacts.problems``). ``group_devices``: KAI's GPU groups' device
     UUIDs (``kai_group_devices``)."""
     meta = pod.get("metadata") or {}
     req = PodGPURequest.from_api(pod)
     view = PodView(meta.get("annotations") or {}, meta.get("labels") or {}, node, req, group_devices or {})
     parts = [s.grant(view) for s in SHARERS]
-    parts.append(Grants(problems=tuple(PodProblem(EVENT_MALFORMED_ALLOCATION, p) for p in req.problems)))
+    unread = req.problems + (node.problems if node is not None else ())
+    parts.append(Grants(problems=tuple(PodProblem(EVENT_MALFORMED_ALLOCATION, p) for p in unread)))
     return combine(parts)
 
 

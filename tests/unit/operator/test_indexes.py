@@ -147,3 +147,30 @@ def test_claim_and_slice_entries_keep_what_dra_reads() -> None:
     # what policy.dra reads is the same from the entries as from the objects
     pods = [claim_pod("a", ["c"]), claim_pod("b", ["c"])]
     assert claim_grants(pods, {("ml", "c"): entry}, [trimmed]) == claim_grants(pods, {("ml", "c"): c}, [s])
+
+
+def test_the_entries_keep_the_dra_config_mig_and_shared_device_fields_dra_reads() -> None:
+    from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
+    from vramguard_operator.policy.dra import claim_grants
+
+    from ..policy.dra_builders import claim, claim_pod, gpu, resource_slice, result
+    from ..policy.test_dra_mps import mps, with_config
+
+    s = resource_slice(
+        "n",
+        [gpu("gpu-0", "GPU-a"), gpu("mig-0", "MIG-b", memory="19968Mi", shared=False, type={"string": "mig"})],
+    )
+    claims = {
+        ("ml", "mps"): with_config(claim("mps", [result("gpu-0", "n", "20Gi")]), mps(defaultPinnedDeviceMemoryLimit="4Gi")),
+        ("ml", "spec"): with_config(claim("spec", [result("gpu-0", "n", "20Gi")]), mps(defaultPinnedDeviceMemoryLimit="3Gi"), where="spec"),
+        ("ml", "mig"): claim("mig", [result("mig-0", "n")]),
+        ("ml", "odd"): claim("odd", [result("gpu-0", "n")]),  # shared device, no consumedCapacity
+    }
+    pods = [claim_pod(name, [name]) for _, name in claims]
+    trimmed = {k: claim_entry(c) for k, c in claims.items()}
+    assert claim_grants(pods, trimmed, [slice_entry(s)]) == claim_grants(pods, claims, [s])
+    found = claim_grants(pods, trimmed, [slice_entry(s)]).grants
+    assert {u: g.bytes for u, g in found["uid-mps"].by_device().items()} == {"GPU-a": 4 * 1024**3}
+    assert {u: g.bytes for u, g in found["uid-spec"].by_device().items()} == {"GPU-a": 3 * 1024**3}
+    assert {u: g.bytes for u, g in found["uid-mig"].by_device().items()} == {"MIG-b": 19968 * 1024**2}
+    assert len(found["uid-odd"].problems) == 1

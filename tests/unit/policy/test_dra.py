@@ -38,18 +38,33 @@ def test_consumed_memory_is_the_limit_on_the_devices_uuid() -> None:
     assert "20Gi consumed on gpu-0 (gpu.nvidia.com, pool gpu-h100-ts)" in g.by_device()[U0].detail
 
 
+EXCLUSIVE = resource_slice(N, [gpu("gpu-0", U0, shared=False), gpu("gpu-1", U1, shared=False)])
+
+
 @pytest.mark.parametrize(
-    "results",
+    ("results", "slices"),
     [
-        [result("gpu-0", N)],  # a whole device: no consumed capacity
-        [result("gpu-0", N, "0")],  # a share that books no memory (NVIDIA's "unlimited" mode)
+        ([result("gpu-0", N)], [EXCLUSIVE]),  # a whole device: no consumed capacity
+        ([result("gpu-0", N, "0")], [SLICE]),  # a share that books no memory (NVIDIA's "unlimited" mode)
     ],
 )
-def test_no_consumed_memory_sets_no_limit_but_the_device_is_held(results: list[dict[str, Any]]) -> None:
-    out = grants_of([claim_pod("a", ["whole"])], [claim("whole", results)])
+def test_no_consumed_memory_sets_no_limit_but_the_device_is_held(results: list[dict[str, Any]], slices: list[dict[str, Any]]) -> None:
+    out = grants_of([claim_pod("a", ["whole"])], [claim("whole", results)], slices)
     assert limits(out, "a") == {}
     assert "uid-a" not in out.grants
     assert out.devices["uid-a"] == {U0}
+
+
+def test_a_shared_device_without_consumed_capacity_is_held_whole_and_said() -> None:
+    # The API fills consumedCapacity (every capacity, zero included) for each
+    # result on a device with allowMultipleAllocations: its absence is malformed.
+    out = grants_of([claim_pod("a", ["odd"])], [claim("odd", [result("gpu-0", N)])])
+    assert limits(out, "a") == {}
+    assert out.devices["uid-a"] == {U0}
+    (problem,) = out.grants["uid-a"].problems
+    assert problem.reason == EVENT_MALFORMED_ALLOCATION
+    assert "ResourceClaim ml/odd" in problem.message and "device gpu-0" in problem.message
+    assert "no consumedCapacity.memory" in problem.message and "allows multiple allocations" in problem.message
 
 
 def test_a_pod_with_two_claims_on_two_devices() -> None:

@@ -68,7 +68,7 @@ def test_declared_budget_without_any_policy() -> None:
 
 
 def test_a_declared_grant_beyond_the_api_bounds_still_gives_a_valid_budget() -> None:
-    for declared, limit in (("500m", MI), ("1e12", 2**53), ("9223372036854775807", 2**53), ("3000", 3000 * MI)):
+    for declared, limit in (("1e12", 2**53), ("9223372036854775807", 2**53), ("3000", 3000 * MI)):
         p = gpu_pod(resources={"nvidia.com/gpu": "1", "nvidia.com/gpumem": declared})
         found = implicit_budget(p, TS, MergedPolicy("ml"))
         assert found is not None and found.budget.spec.limits.per_device is not None

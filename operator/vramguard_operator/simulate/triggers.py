@@ -40,7 +40,7 @@ its pods' changes. On a clear device the rule decides ``Clear`` for any of
 its pods, as for all (fewer pods give a threshold no higher), so a pod there
 is evaluated alone; every other device brings all its pods, also when none
 of them is due (its slack may be gone). The operator's incremental loop
-rests on the same argument (``controller.coupling``), with another trigger:
+rests on the same argument (``plan.coupling``), with another trigger:
 there a device's free memory moves only in a new report, which marks its
 node's pods. ``exhaustive`` evaluates every pod at every tick; the tests
 check it decides the same.

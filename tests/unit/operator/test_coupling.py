@@ -10,8 +10,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION, DeviceMemoryLimit, format_memory_limits
-from vramguard_operator.controller.coupling import clear_of, near_margin
 from vramguard_operator.engine.outputs import DevicePressureReport
+from vramguard_operator.plan.coupling import clear_of, near_margin
 
 from .test_incremental_equivalence import GI, PERIOD, T0, UUID, _annotations, _copy, _statuses, _world
 from .world import World

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramguard_operator.controller.kubeapi import plain
+from vramguard_operator.plan.entries import plain
 
 DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
 CLAIMS, SLICES = "resourceclaims", "resourceslices"

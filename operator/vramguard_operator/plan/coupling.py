@@ -36,11 +36,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from vramguard_operator.controller.cache import ClusterCache
-from vramguard_operator.controller.closure import node_pods
 from vramguard_operator.engine.measure import read_nodes
 from vramguard_operator.engine.outputs import DevicePressureReport
 from vramguard_operator.engine.records import whole_seconds
+from vramguard_operator.plan.cache import ClusterCache
+from vramguard_operator.plan.closure import node_pods
 
 GI = 1 << 30
 NEAR_MARGIN_FRACTION = 0.05

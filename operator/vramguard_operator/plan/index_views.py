@@ -10,7 +10,7 @@ from typing import Any
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.controller.indexes import policy_entry
+from vramguard_operator.plan.entries import policy_entry
 from vramguard_operator.policy.node import NodeFacts
 
 

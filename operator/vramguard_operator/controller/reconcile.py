@@ -7,11 +7,11 @@ makes one evaluation), on the timer queue (a violation's next step, a report
 turning stale) and every ``evaluation_period`` for level-triggered steps.
 Each pass:
 
-1. takes the changes into the cache (``cache``), which notes what each may
+1. takes the changes into the cache (``plan.cache``), which notes what each may
    affect; the echo of the operator's own writes notes nothing;
 2. plans the marked budgets and pods, closed over what the engine reads with
    them, in groups of namespaces with the same effective policy
-   (``incremental``);
+   (``plan.incremental``);
 3. runs ``engine.evaluate`` once per group;
 4. applies each output in the documented order (``applier.Applier``: pods,
    Events), and hands the budget statuses and ``vramguard.io/limits``

@@ -10,7 +10,7 @@ what is listed, how an object is named and what is kept of it.
 | ``nodes`` | | name | GPU nodes' labels and allocatable resources |
 | ``policies`` | | name | the policy trimmed to spec and status |
 | ``namespaces`` | | name | labels |
-| ``claims`` | | (namespace, name) | ResourceClaims trimmed to what ``policy.dra`` reads (``allocation_entries``) |
+| ``claims`` | | (namespace, name) | ResourceClaims trimmed to what ``policy.dra`` reads (``plan.allocation_entries``) |
 | ``slices`` | | name | ResourceSlices, likewise |
 
 ``namespaces`` (kopf-style glob patterns, as ``-n``) limits the pods and

@@ -62,7 +62,8 @@ from tests.bench.scale_fleet import (
 from tests.e2e.chart_rbac import AuditLog
 from tests.e2e.conftest import cluster  # noqa: F401  (the session fixture)
 from tests.e2e.operator_harness import OperatorProcess, wait_for
-from vramguard_operator.controller.informer import Change, Informer
+from vramguard_operator.controller.informer import Informer
+from vramguard_operator.plan.changes import Change
 
 STEADY_S = float(os.environ.get("VG_SCALE_STEADY_S", "90"))
 TRIALS = int(os.environ.get("VG_SCALE_TRIALS", "40"))

@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vramguard_operator.controller import dra_versions, watches
-from vramguard_operator.controller.allocation_entries import DRA_GROUP, DRA_VERSION
+from vramguard_operator.plan.allocation_entries import DRA_GROUP, DRA_VERSION
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder

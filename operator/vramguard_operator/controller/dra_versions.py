@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from kubernetes import client
 
-from vramguard_operator.controller.allocation_entries import DRA_GROUP
+from vramguard_operator.plan.allocation_entries import DRA_GROUP
 
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
 """The versions vramguard reads, most preferred first."""

@@ -1,5 +1,5 @@
 """Plain list+watch informers: one thread per watched collection, raw JSON,
-parsed once into the small entries of ``indexes``, changes handed to a sink.
+parsed once into the small entries of ``plan.entries``, changes handed to a sink.
 
 Why not kopf's indexes: during kopf's initial listing every object wakes every
 object waiting on the indexes' readiness (``aiotoggles.ToggleSet.notify_all``),
@@ -23,12 +23,12 @@ import random
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import orjson
 
 from vramguard_operator.controller.kubeapi import API_ERRORS, error_status
+from vramguard_operator.plan.changes import Change, Synced
 
 log = logging.getLogger("vramguard.informer")
 
@@ -37,24 +37,6 @@ ListCall = Callable[..., Any]
 """A list method of the kubernetes client bound to its collection (for example
 ``CoreV1Api.list_pod_for_all_namespaces`` with ``label_selector`` set through
 ``functools.partial``); called with ``_preload_content=False``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Change(Generic[E]):
-    """One object changed in collection ``kind``: ``old`` None when it is new,
-    ``new`` None when it is gone (deleted, or no longer kept by the parser)."""
-
-    kind: str
-    key: Hashable
-    old: E | None
-    new: E | None
-
-
-@dataclass(frozen=True, slots=True)
-class Synced:
-    """Collection ``kind`` has been listed completely once."""
-
-    kind: str
 
 
 Sink = Callable[[Change[Any] | Synced], None]

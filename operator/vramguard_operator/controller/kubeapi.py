@@ -26,17 +26,6 @@ API_ERRORS: tuple[type[Exception], ...] = (ApiException, *NETWORK_ERRORS)
 M = TypeVar("M")
 
 
-def plain(value: Any) -> Any:
-    """A deep plain copy of a kopf body or any part of it: mappings become
-    dicts and lists new lists (kopf's bodies are read-only views over the raw
-    data, which must not be shared with what the operator keeps)."""
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
-
-
 def merge_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON merge patch (RFC 7386) that turns ``current`` into ``desired``:
     changed keys with their new values (objects recursively), removed keys as

@@ -23,9 +23,10 @@ from vramguard_api import GROUP, POLICIES, VERSION
 from vramguard_api import conditions as C
 from vramguard_api.kube import api_client
 from vramguard_api.policy import GPUMemoryPolicy, GPUMemoryPolicyStatus
-from vramguard_operator.controller.index_views import namespaces_of
-from vramguard_operator.controller.kubeapi import MERGE_PATCH, merge_patch, plain
+from vramguard_operator.controller.kubeapi import MERGE_PATCH, merge_patch
 from vramguard_operator.engine.budget_status import ConditionSpec, settle_conditions
+from vramguard_operator.plan.entries import plain
+from vramguard_operator.plan.index_views import namespaces_of
 from vramguard_operator.policy.merge import HELD, policy_status
 
 POLICY_STATUS_INTERVAL = 5.0  # seconds; a policy's namespaces change rarely

@@ -7,11 +7,11 @@ makes one evaluation), on the timer queue (a violation's next step, a report
 turning stale) and every ``evaluation_period`` for level-triggered steps.
 Each pass:
 
-1. takes the changes into the cache (``cache``), which notes what each may
+1. takes the changes into the cache (``plan.cache``), which notes what each may
    affect; the echo of the operator's own writes notes nothing;
 2. plans the marked budgets and pods, closed over what the engine reads with
    them, in groups of namespaces with the same effective policy
-   (``incremental``);
+   (``plan.incremental``);
 3. runs ``engine.evaluate`` once per group;
 4. applies each output in the documented order (``applier.Applier``: pods,
    Events), and hands the budget statuses and ``vramguard.io/limits``
@@ -38,17 +38,11 @@ from typing import Any
 from vramguard_api import conditions as C
 from vramguard_operator.controller import crashpoints
 from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyResult
-from vramguard_operator.controller.cache import ClusterCache
 from vramguard_operator.controller.events import pod_object
-from vramguard_operator.controller.incremental import Group, Incremental
-from vramguard_operator.controller.indexes import pod_cache_entry
-from vramguard_operator.controller.informer import Change, Synced
 from vramguard_operator.controller.isolation import GuardedEngine
 from vramguard_operator.controller.metrics import Metrics
-from vramguard_operator.controller.planning import invalid_status, note_resize_errors
 from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.controller.status_writer import StatusWriter
-from vramguard_operator.controller.timers import seconds_until
 from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     BudgetRef,
@@ -59,6 +53,12 @@ from vramguard_operator.engine.types import (
     PodMemoryLimits,
     PodRef,
 )
+from vramguard_operator.plan.cache import ClusterCache
+from vramguard_operator.plan.changes import Change, Synced
+from vramguard_operator.plan.entries import pod_cache_entry
+from vramguard_operator.plan.incremental import Group, Incremental
+from vramguard_operator.plan.status_notes import invalid_status, note_resize_errors
+from vramguard_operator.plan.timers import seconds_until
 from vramguard_operator.policy.merge import selector_problems
 
 log = logging.getLogger("vramguard.reconcile")

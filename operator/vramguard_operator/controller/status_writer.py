@@ -18,7 +18,7 @@ writes it as a JSON merge patch from what it knows of the API's status
 Figures are ``usage``, ``matchedPods``, the ``observedBytes`` of violations
 and warnings, and the numbers inside messages. The engine never reads them
 back to decide (it reads the escalation state), and the operator keeps the
-desired status in memory for its next evaluation (``cache``), so a figure
+desired status in memory for its next evaluation (``plan.cache``), so a figure
 written late changes no decision. ``fence(namespace)`` is asked before each
 write: a shard that no longer owns the namespace drops the write.
 

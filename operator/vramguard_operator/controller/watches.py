@@ -10,7 +10,7 @@ what is listed, how an object is named and what is kept of it.
 | ``nodes`` | | name | GPU nodes' labels and allocatable resources |
 | ``policies`` | | name | the policy trimmed to spec and status |
 | ``namespaces`` | | name | labels |
-| ``claims`` | | (namespace, name) | ResourceClaims trimmed to what ``policy.dra`` reads (``allocation_entries``) |
+| ``claims`` | | (namespace, name) | ResourceClaims trimmed to what ``policy.dra`` reads (``plan.allocation_entries``) |
 | ``slices`` | | name | ResourceSlices, likewise |
 
 ``namespaces`` (kopf-style glob patterns, as ``-n``) limits the pods and
@@ -28,7 +28,9 @@ from typing import Any
 from kubernetes import client
 
 from vramguard_api import BUDGETS, GROUP, POLICIES, REPORTS, VERSION
-from vramguard_operator.controller.allocation_entries import (
+from vramguard_operator.controller.informer import Informer, Sink
+from vramguard_operator.controller.policy_handlers import policy_body
+from vramguard_operator.plan.allocation_entries import (
     CLAIMS,
     DRA_GROUP,
     DRA_VERSION,
@@ -36,7 +38,7 @@ from vramguard_operator.controller.allocation_entries import (
     claim_entry,
     slice_entry,
 )
-from vramguard_operator.controller.indexes import (
+from vramguard_operator.plan.entries import (
     budget_entry,
     has_vramguard_state,
     namespace_entry,
@@ -45,8 +47,6 @@ from vramguard_operator.controller.indexes import (
     report_entry,
     report_node,
 )
-from vramguard_operator.controller.informer import Informer, Sink
-from vramguard_operator.controller.policy_handlers import policy_body
 from vramguard_operator.policy.mutation import GPU_POD_LABEL
 
 # The order of the first listings: pods last, so that the unlabelled pods'

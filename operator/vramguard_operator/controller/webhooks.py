@@ -44,9 +44,9 @@ from vramguard_api import BUDGETS, GROUP, VERSION
 from vramguard_operator.controller import handlers  # noqa: F401  (registers the parts read here)
 from vramguard_operator.controller.certs import TLSFiles, ensure_certificates
 from vramguard_operator.controller.handlers import operator_settings
-from vramguard_operator.controller.index_views import budgets_of, labels_of, nodes_of, policies_of
-from vramguard_operator.controller.kubeapi import plain
 from vramguard_operator.controller.settings import WebhookConfig
+from vramguard_operator.plan.entries import plain
+from vramguard_operator.plan.index_views import budgets_of, labels_of, nodes_of, policies_of
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.mutation import admission_limit, gpu_pod_label_ops, mutate_pod
 from vramguard_operator.policy.request import PodGPURequest

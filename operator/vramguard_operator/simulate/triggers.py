@@ -40,7 +40,7 @@ its pods' changes. On a clear device the rule decides ``Clear`` for any of
 its pods, as for all (fewer pods give a threshold no higher), so a pod there
 is evaluated alone; every other device brings all its pods, also when none
 of them is due (its slack may be gone). The operator's incremental loop
-rests on the same argument (``controller.coupling``), with another trigger:
+rests on the same argument (``plan.coupling``), with another trigger:
 there a device's free memory moves only in a new report, which marks its
 node's pods. ``exhaustive`` evaluates every pod at every tick; the tests
 check it decides the same.
@@ -60,6 +60,7 @@ from vramguard_api.trend import TrendFeatures
 from vramguard_operator.engine.outputs import DevicePressureReport
 from vramguard_operator.engine.selectors import Matcher, compile_selector
 from vramguard_operator.engine.types import ANNOTATION_VIOLATIONS
+from vramguard_operator.plan.coupling import device_slacks
 from vramguard_operator.simulate.fleet import Fleet, SimPod
 from vramguard_operator.simulate.nodes import GPU
 
@@ -268,17 +269,10 @@ class Triggers:
 
     def devices_judged(self, reports: Iterable[DevicePressureReport]) -> None:
         """After a tick's evaluations: each device evaluated with all its pods is
-        clear with the slack its reports give (the smallest over the groups it
-        was judged in: each group's threshold is the largest over its pods, so
-        the device's is the largest of theirs), not clear when a report is not
-        ``Clear``, and clear without limit when no report names it (no pod on
-        it has a rule)."""
-        slack: dict[str, float] = {}
-        for r in reports:
-            if r.state != "Clear" or r.free_bytes is None or r.min_free_bytes is None:
-                slack[r.device] = -INF
-            else:
-                slack[r.device] = min(slack.get(r.device, INF), float(r.free_bytes - r.min_free_bytes))
+        clear with the slack its reports give (``plan.coupling.device_slacks``,
+        the operator's measure), not clear when a report is not ``Clear``, and
+        clear without limit when no report names it (no pod on it has a rule)."""
+        slack = device_slacks(reports)
         for key, (gpu, seen) in self._coupled.items():
             found = slack.get(gpu.uuid, INF)
             if found < 0:

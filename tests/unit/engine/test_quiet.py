@@ -8,10 +8,10 @@ from dataclasses import replace
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION, DeviceMemoryLimit, format_memory_limits
-from vramguard_operator.controller.quiet import QuietTotals
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.quiet import limits_settled, quiet_pod
 from vramguard_operator.engine.types import EngineConfig, EngineInput, QuietPods
+from vramguard_operator.plan.quiet import QuietTotals
 
 from .builders import GI, T0, at, budget, pod, report, vram
 

@@ -21,10 +21,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 
-from vramguard_operator.controller.full_pass import Snapshot, plan
-from vramguard_operator.controller.indexes import Versioned, budget_entry, pod_entry, report_entry
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import EngineConfig, EngineOutput
+from vramguard_operator.plan.entries import Versioned, budget_entry, pod_entry, report_entry
+from vramguard_operator.plan.full_pass import Snapshot, plan
 
 EXAMPLES = int(os.environ.get("VRAMGUARD_FUZZ_EXAMPLES", "300"))
 TALLY: dict[str, Counter[str]] = {}

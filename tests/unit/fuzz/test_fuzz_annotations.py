@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vramguard_operator.controller.indexes import budget_entry, pod_entry, report_entry
 from vramguard_operator.engine.types import EngineConfig, Recover
+from vramguard_operator.plan.entries import budget_entry, pod_entry, report_entry
 
 from .harness import (
     GI,

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from vramguard_api.budget import EscalationStep, GPUMemoryBudget, LeakDetection
 from vramguard_api.limits import DeviceLimit, MemoryLimit
 from vramguard_api.meta import LabelSelector, LabelSelectorRequirement
-from vramguard_operator.controller.indexes import BudgetEntry, Versioned, budget_entry, pod_entry, report_entry
 from vramguard_operator.engine.types import EngineConfig
+from vramguard_operator.plan.entries import BudgetEntry, Versioned, budget_entry, pod_entry, report_entry
 
 from .harness import (
     GI,

@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vramguard_api.policy import GPUMemoryPolicy
-from vramguard_operator.controller.indexes import policy_entry
 from vramguard_operator.engine.types import EngineConfig
+from vramguard_operator.plan.entries import policy_entry
 from vramguard_operator.policy.merge import policy_applies
 
 from .harness import CANARY_NS, canary_part, canary_snapshot, fuzz_settings, run, tally

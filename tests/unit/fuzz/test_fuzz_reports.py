@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vramguard_operator.controller.full_pass import snapshot_of
-from vramguard_operator.controller.indexes import Versioned, budget_entry, pod_entry, report_entry
 from vramguard_operator.engine.types import SIDE_EFFECT_DECISIONS, EngineConfig
+from vramguard_operator.plan.entries import Versioned, budget_entry, pod_entry, report_entry
+from vramguard_operator.plan.full_pass import snapshot_of
 
 from .harness import (
     HOSTILE_NODE,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramguard_operator.controller.cache import ClusterCache
-from vramguard_operator.controller.indexes import budget_entry, pod_cache_entry, report_entry
-from vramguard_operator.controller.informer import Change
+from vramguard_operator.plan.cache import ClusterCache
+from vramguard_operator.plan.changes import Change
+from vramguard_operator.plan.entries import budget_entry, pod_cache_entry, report_entry
 
 from ..engine.builders import budget
 

@@ -6,12 +6,13 @@ at its share stays quiet, until they or its share change."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any
 
 from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION, DeviceMemoryLimit, format_memory_limits
-from vramguard_operator.controller.coupling import clear_of, near_margin
 from vramguard_operator.engine.outputs import DevicePressureReport
+from vramguard_operator.plan.coupling import clear_of, device_slacks, near_margin, slack_of
 
 from .test_incremental_equivalence import GI, PERIOD, T0, UUID, _annotations, _copy, _statuses, _world
 from .world import World
@@ -144,3 +145,18 @@ def test_near_is_within_the_margin_above_the_threshold() -> None:
     assert near_margin(80 * GI) == 4 * GI and near_margin(8 * GI) == GI
     assert clear_of(report(8 * GI)) and not clear_of(report(8 * GI - 1))
     assert not clear_of(report(40 * GI, "Unknown")) and not clear_of(report(40 * GI, "NoCandidate"))
+
+
+def test_a_devices_slack_is_the_smallest_over_the_groups_that_judged_it() -> None:
+    """The one measure both planners keep a device by (the operator's margin,
+    the simulation's clear devices): free memory above the threshold, the
+    smallest over the groups, none when a verdict is not Clear."""
+    def report(device: str, free: int, minimum: int, state: Any = "Clear") -> DevicePressureReport:
+        return DevicePressureReport(node=A, device=device, state=state, free_bytes=free, usable_bytes=80 * GI,
+                                    min_free_bytes=minimum, chosen=None, protected=0, reason="")
+
+    found = device_slacks([report("d1", 20 * GI, 4 * GI), report("d1", 20 * GI, 6 * GI),
+                           report("d2", 20 * GI, 4 * GI), report("d2", 1 * GI, 4 * GI, "Act"),
+                           report("d3", 30 * GI, 30 * GI)])
+    assert found == {"d1": 14 * GI, "d2": -math.inf, "d3": 0}
+    assert slack_of(report("d1", 20 * GI, 4 * GI)) == 16 * GI

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from vramguard_operator.controller.allocation_entries import slice_entry
+from vramguard_operator.plan.allocation_entries import slice_entry
 from vramguard_operator.controller.dra_versions import describe, pick_version
 from vramguard_operator.policy.dra import claim_grants
 

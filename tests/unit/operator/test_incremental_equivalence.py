@@ -9,12 +9,19 @@ devices crossing their pressure threshold's margin) and of time passing, applied
 one copy is evaluated incrementally (only what the changes mark, timers,
 level-triggered steps) and the other over everything, and their decisions,
 budget statuses, implicit budgets' statuses and pod annotations must be
-equal."""
+equal.
+
+One suite for both change streams that feed a planner: the operator's (the
+informers' changes and the clock, into ``plan.incremental``) and the fleet
+simulation's (the fleet's pods, usage and clock at each tick, into
+``simulate.triggers``). Each runs its planner and a pass over everything on
+the same stream, and ``assert_agree`` compares what each observes."""
 
 from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,9 +29,13 @@ import pytest
 
 from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION, DeviceMemoryLimit, format_memory_limits
 from vramguard_operator.engine.types import EngineConfig, Evict
+from vramguard_operator.simulate.control import ControlConfig
+from vramguard_operator.simulate.policyfile import DEFAULT_POLICY, parse_policy
+from vramguard_operator.simulate.run import simulate
 
 from ..policy.builders import cluster_nodes
 from ..policy.dra_builders import claim, gpu, resource_slice, result
+from ..simulate.policies import ACTING, ANNOTATE_ONLY, CAPPING, MIX, SMALL
 from .world import World
 
 GI = 1 << 30
@@ -289,8 +300,26 @@ def _statuses(w: World) -> dict[Any, Any]:
     return {key: (s.to_api() if (s := w.cache.status_of(key)) is not None else None) for key in w.cache.budgets}
 
 
+def assert_agree(planned: dict[str, Any], everything: dict[str, Any], where: str) -> None:
+    """The harness of both streams: what the planner's run and the pass over
+    everything observed (the same keys) are equal, key by key, the first
+    difference named with ``where``."""
+    assert planned.keys() == everything.keys(), where
+    for key, want in everything.items():
+        assert planned[key] == want, f"{where}: {key} differs"
+
+
+def _observed(w: World, decisions: list[Any]) -> dict[str, Any]:
+    """What an operator's evaluation leaves: its decisions, budget statuses,
+    pod annotations and implicit budgets' statuses."""
+    return {"decisions": sorted(map(repr, decisions)), "statuses": _statuses(w), "annotations": _annotations(w),
+            "implicit": {k: v.to_api() for k, v in w.inc.memory.implicit_status.items()}}
+
+
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_incremental_and_full_evaluation_agree(seed: int) -> None:
+    """The operator's stream: random changes and time, planned incrementally
+    against a pass over everything, compared after every step."""
     inc, full = _world(), _world()
     scenario = Scenario(seed)
     now = T0
@@ -299,13 +328,29 @@ def test_incremental_and_full_evaluation_agree(seed: int) -> None:
         for _ in range(scenario.rng.choice([0, 1, 1, 2, 3])):
             scenario.change([inc, full], now)
         got, want = inc.step_incremental(now), full.step_full(now)
-        where = f"seed {seed}, step {step}, {now:%H:%M:%S}"
-        assert sorted(map(repr, got)) == sorted(map(repr, want)), where
-        assert _statuses(inc) == _statuses(full), where
-        assert _annotations(inc) == _annotations(full), where
-        implicit_inc = {k: v.to_api() for k, v in inc.inc.memory.implicit_status.items()}
-        implicit_full = {k: v.to_api() for k, v in full.inc.memory.implicit_status.items()}
-        assert implicit_inc == implicit_full, where
+        assert_agree(_observed(inc, got), _observed(full, want), f"seed {seed}, step {step}, {now:%H:%M:%S}")
+
+
+SIM_FIGURES = ("innocent_ooms", "over_share_ooms", "actions", "evictions", "evictions_blocked",
+               "evictions_rate_limited", "jobs_completed", "dry_run_steps", "gpu_memory_in_use_bytes",
+               "hard_limit_ooms", "soft_limit_evictions")
+
+
+@pytest.mark.parametrize(
+    ("policy", "caps"), [("annotate-only", False), ("built-in", False), ("acting", False), ("capping", True)]
+)
+def test_the_simulations_triggers_and_every_pod_at_every_tick_agree(policy: str, caps: bool) -> None:
+    """The simulation's stream: one fleet (1 node, 1 h, ticks of 30 s) run with
+    the triggers and with every pod evaluated at every tick (without the
+    agent's dead-band, which the triggers model: exactly the same decisions)."""
+    exact = ControlConfig(band_bytes=0, band_fraction=0.0, caps=caps)
+    text = {"annotate-only": ANNOTATE_ONLY, "built-in": DEFAULT_POLICY, "acting": ACTING, "capping": CAPPING}[policy]
+    base = replace(SMALL, hours=1.0, tick_s=30.0, mix=MIX, policy=parse_policy(text, policy))
+    fast = simulate(replace(base, control=exact))
+    every = simulate(replace(base, control=replace(exact, exhaustive=True)))
+    assert_agree({k: getattr(fast, k) for k in SIM_FIGURES}, {k: getattr(every, k) for k in SIM_FIGURES}, policy)
+    if policy == "annotate-only":  # per-pod implicit budgets, no device coupling: the triggers' point
+        assert every.pods_evaluated > 3 * fast.pods_evaluated
 
 
 def test_the_scenarios_reach_every_step() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.controller.indexes import (
+from vramguard_operator.plan.entries import (
     budget_entry,
     has_vramguard_state,
     namespace_entry,
@@ -127,7 +127,7 @@ def test_a_pod_that_only_changed_version_decides_like_before():
 
 
 def test_claim_and_slice_entries_keep_what_dra_reads() -> None:
-    from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
+    from vramguard_operator.plan.allocation_entries import claim_entry, slice_entry
     from vramguard_operator.policy.dra import claim_grants
 
     from ..policy.dra_builders import claim, claim_pod, gpu, resource_slice, result
@@ -150,7 +150,7 @@ def test_claim_and_slice_entries_keep_what_dra_reads() -> None:
 
 
 def test_the_entries_keep_the_dra_config_mig_and_shared_device_fields_dra_reads() -> None:
-    from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
+    from vramguard_operator.plan.allocation_entries import claim_entry, slice_entry
     from vramguard_operator.policy.dra import claim_grants
 
     from ..policy.dra_builders import claim, claim_pod, gpu, resource_slice, result

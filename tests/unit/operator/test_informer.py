@@ -14,7 +14,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from kubernetes import client
 
-from vramguard_operator.controller.informer import Change, Informer, Synced
+from vramguard_operator.controller.informer import Informer
+from vramguard_operator.plan.changes import Change, Synced
 
 from ..agent.stubapi import StubAPI
 

@@ -15,8 +15,8 @@ from tests.unit.agent.stubapi import StubAPI, status_body
 from vramguard_api.ends import ACK_ANNOTATION
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.events import EventRecorder
-from vramguard_operator.controller.indexes import budget_entry, report_entry
-from vramguard_operator.controller.informer import Change
+from vramguard_operator.plan.entries import budget_entry, report_entry
+from vramguard_operator.plan.changes import Change
 from vramguard_operator.controller.oom import OOMPublisher, oom_counter
 
 GIB = 1 << 30

@@ -10,11 +10,12 @@ import pytest
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
-from vramguard_operator.controller.full_pass import Snapshot, plan, scope_of
-from vramguard_operator.controller.indexes import Versioned, budget_entry
-from vramguard_operator.controller.planning import invalid_status, namespace_policies, note_resize_errors
 from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.engine.types import EngineConfig
+from vramguard_operator.plan.entries import Versioned, budget_entry
+from vramguard_operator.plan.full_pass import Snapshot, plan, scope_of
+from vramguard_operator.plan.status_notes import invalid_status, note_resize_errors
+from vramguard_operator.policy.groups import namespace_policies
 
 from ..engine.builders import budget, pod, report, vram
 from ..policy.builders import stale_policy
@@ -77,7 +78,7 @@ def test_a_policy_that_cannot_be_evaluated_holds_every_namespace_in_dry_run_and_
 
 
 def test_plan_holds_every_group_in_dry_run_while_a_policy_does_not_parse():
-    from vramguard_operator.controller.indexes import policy_entry
+    from vramguard_operator.plan.entries import policy_entry
 
     snap = Snapshot()
     snap.budgets["a"] = [entry(budget(ns="a", per_pod={"vram": "10Gi"}))]

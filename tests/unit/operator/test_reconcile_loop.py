@@ -19,19 +19,19 @@ from vramguard_api.policy import EvictionRateLimit
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
-from vramguard_operator.controller.indexes import (
+from vramguard_operator.controller.metrics import Metrics
+from vramguard_operator.controller.policy_handlers import policy_body
+from vramguard_operator.controller.reconcile import Reconciler
+from vramguard_operator.controller.settings import OperatorConfig
+from vramguard_operator.controller.status_writer import StatusWriter
+from vramguard_operator.plan.changes import Change
+from vramguard_operator.plan.entries import (
     budget_entry,
     namespace_entry,
     node_entry,
     pod_cache_entry,
     report_entry,
 )
-from vramguard_operator.controller.informer import Change
-from vramguard_operator.controller.metrics import Metrics
-from vramguard_operator.controller.policy_handlers import policy_body
-from vramguard_operator.controller.reconcile import Reconciler
-from vramguard_operator.controller.settings import OperatorConfig
-from vramguard_operator.controller.status_writer import StatusWriter
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 from ..agent.stubapi import StubAPI
@@ -190,7 +190,7 @@ def with_claim(rec: Reconciler, ns: str = "ml", consumed: str = "20Gi", device_n
                **policies: Any) -> None:
     """A pod with one claim (``consumed`` on ``device_name``), the node's slice
     (gpu-0 is GPU-a), its report (30Gi used on GPU-a), all through the informers' entries."""
-    from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
+    from vramguard_operator.plan.allocation_entries import claim_entry, slice_entry
 
     from ..policy.dra_builders import claim, claim_pod, gpu, resource_slice, result
 

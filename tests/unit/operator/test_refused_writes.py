@@ -24,12 +24,12 @@ from vramguard_api.policy import EvictionRateLimit
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
-from vramguard_operator.controller.indexes import budget_entry, pod_cache_entry, report_entry
-from vramguard_operator.controller.informer import Change
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.controller.reconcile import Reconciler
 from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.controller.status_writer import StatusWriter
+from vramguard_operator.plan.changes import Change
+from vramguard_operator.plan.entries import budget_entry, pod_cache_entry, report_entry
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 from ..agent.stubapi import StubAPI, status_body

@@ -7,14 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.controller.timers import (
+from vramguard_operator.engine.types import EngineConfig
+from vramguard_operator.plan.timers import (
     TimerQueue,
     ceil_second,
     next_step_due,
     seconds_until,
     staleness_change,
 )
-from vramguard_operator.engine.types import EngineConfig
 
 from ..engine.builders import budget, pod, report, run, vram
 

@@ -21,18 +21,6 @@ from datetime import datetime
 from typing import Any
 
 from vramguard_api import conditions as C
-from vramguard_operator.controller.allocation_entries import claim_entry, slice_entry
-from vramguard_operator.controller.cache import ClusterCache
-from vramguard_operator.controller.incremental import Incremental
-from vramguard_operator.controller.indexes import (
-    budget_entry,
-    namespace_entry,
-    node_entry,
-    pod_cache_entry,
-    report_entry,
-)
-from vramguard_operator.controller.informer import Change
-from vramguard_operator.controller.planning import namespace_policies
 from vramguard_operator.controller.policy_handlers import policy_body
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import (
@@ -45,8 +33,20 @@ from vramguard_operator.engine.types import (
     Recover,
     Throttle,
 )
+from vramguard_operator.plan.allocation_entries import claim_entry, slice_entry
+from vramguard_operator.plan.cache import ClusterCache
+from vramguard_operator.plan.changes import Change
+from vramguard_operator.plan.entries import (
+    budget_entry,
+    namespace_entry,
+    node_entry,
+    pod_cache_entry,
+    report_entry,
+)
+from vramguard_operator.plan.incremental import Incremental
 from vramguard_operator.policy import groups as policy_groups
 from vramguard_operator.policy import plan as policy_plan
+from vramguard_operator.policy.groups import namespace_policies
 from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.simulate.apply import output_changes
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
-from vramguard_operator.controller.indexes import gpu_pod_entry
 from vramguard_operator.controller.kubeapi import merge_patch
 from vramguard_operator.engine.types import BudgetRef, BudgetStatusUpdate, PodFacts
+from vramguard_operator.plan.entries import gpu_pod_entry
 from vramguard_operator.policy.implicit import ANNOTATION_LIMITS, IMPLICIT_LABEL
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.plan import finish, limit_patches, prepare

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard_operator.controller.index_views import budgets_of, labels_of, namespaces_of, nodes_of, policies_of
-from vramguard_operator.controller.indexes import Versioned, budget_entry, namespace_entry, node_entry
 from vramguard_operator.controller.policy_handlers import policy_body
 from vramguard_operator.controller.webhooks import WebhookConfig
+from vramguard_operator.plan.entries import Versioned, budget_entry, namespace_entry, node_entry
+from vramguard_operator.plan.index_views import budgets_of, labels_of, namespaces_of, nodes_of, policies_of
 from vramguard_operator.policy.mutation import GPU_POD_LABEL, gpu_pod_label_ops
 
 from .builders import device, node_obj, policy, report

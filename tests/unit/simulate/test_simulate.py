@@ -1,6 +1,7 @@
 """Short runs of the whole simulation: determinism, the two runs' common
-ground, vramguard's actions applied as the controller applies them, and the
-triggers deciding as evaluating everything would. Mechanics, not figures."""
+ground, vramguard's actions applied as the controller applies them. Mechanics, not
+figures. That the triggers decide as evaluating everything would is the
+equivalence suite's (tests/unit/operator/test_incremental_equivalence.py)."""
 
 from __future__ import annotations
 
@@ -20,65 +21,7 @@ from vramguard_operator.simulate.policyfile import DEFAULT_POLICY, load_policy, 
 from vramguard_operator.simulate.run import SimulationConfig, compare, simulate
 from vramguard_operator.simulate.workloads import generate
 
-# The built-in policy without its device-pressure rule: implicit budgets that only annotate.
-PRESSURE_LINE = "  devicePressure: {minFree: 5%, protectShares: true, action: Evict}\n"
-assert PRESSURE_LINE in DEFAULT_POLICY
-ANNOTATE_ONLY = DEFAULT_POLICY.replace(PRESSURE_LINE, "")
-SMALL = SimulationConfig(nodes={"time-slicing": 1}, hours=1.0, seed=3, tick_s=20.0)
-
-# Budgets that act: a fine-tune per-device limit with the whole ladder, fast; a
-# leak guard on the inference servers; a total over the batch namespace.
-ACTING = DEFAULT_POLICY + """\
----
-apiVersion: vramguard.io/v1alpha1
-kind: GPUMemoryBudget
-metadata: {name: finetune, namespace: research}
-spec:
-  selector: {matchLabels: {app.kubernetes.io/component: training}}
-  limits: {perDevice: {fraction: 0.25}}
-  tolerance: {overshootPercent: 10, duration: 30s}
-  enforcement:
-    escalation:
-    - {action: Annotate, after: 0s}
-    - {action: Throttle, after: 2m, cpuLimit: 500m}
-    - {action: Evict, after: 5m}
----
-apiVersion: vramguard.io/v1alpha1
-kind: GPUMemoryBudget
-metadata: {name: leak-guard, namespace: serving}
-spec:
-  selector: {matchLabels: {app.kubernetes.io/component: inference}}
-  limits: {perPod: {vram: 30Gi}}
-  leakDetection: {enabled: true, minGrowthPerHour: 1Gi, minWindow: 20m, evictBefore: 30m}
-  enforcement:
-    escalation: [{action: Annotate, after: 0s}]
----
-apiVersion: vramguard.io/v1alpha1
-kind: GPUMemoryBudget
-metadata: {name: batch-total, namespace: batch}
-spec:
-  selector: {}
-  limits: {total: {vram: 40Gi}}
-  enforcement:
-    escalation:
-    - {action: Annotate, after: 0s}
-    - {action: Evict, after: 1m}
-"""
-# A Cap on the fine-tunes (the research namespace) instead of Throttle and Evict.
-CAPPING = DEFAULT_POLICY + """\
----
-apiVersion: vramguard.io/v1alpha1
-kind: GPUMemoryBudget
-metadata: {name: finetune, namespace: research}
-spec:
-  selector: {matchLabels: {app.kubernetes.io/component: training}}
-  limits: {perDevice: {fraction: 0.25}}
-  enforcement:
-    escalation:
-    - {action: Annotate, after: 0s}
-    - {action: Cap, after: 1m}
-"""
-MIX = {"training": 0.1, "inference": 0.2, "leaking-inference": 0.2, "finetune": 0.3, "batch": 0.2}
+from .policies import ACTING, ANNOTATE_ONLY, CAPPING, MIX, PRESSURE_LINE, SMALL
 
 
 def figures(result):
@@ -118,23 +61,6 @@ def test_acting_budgets_throttle_and_evict_never_on_a_pod_within_its_limits():
     assert r.actions_within_limits == 0, r.within_limits_examples
     # the policy's rate limit (2 a minute, burst 2) holds over the run
     assert r.evictions <= 2 + 2 * config.hours * 60
-
-
-@pytest.mark.parametrize(
-    ("policy", "caps"), [("annotate-only", False), ("built-in", False), ("acting", False), ("capping", True)]
-)
-def test_the_triggers_decide_as_evaluating_every_pod_at_every_tick(policy, caps):
-    exact = ControlConfig(band_bytes=0, band_fraction=0.0, caps=caps)  # no dead-band: exactly the same decisions
-    text = {"annotate-only": ANNOTATE_ONLY, "built-in": DEFAULT_POLICY, "acting": ACTING, "capping": CAPPING}[policy]
-    base = replace(SMALL, hours=1.0, tick_s=30.0, mix=MIX, policy=parse_policy(text, policy))
-    fast = simulate(replace(base, control=exact))
-    every = simulate(replace(base, control=replace(exact, exhaustive=True)))
-    for key in ("innocent_ooms", "over_share_ooms", "actions", "evictions", "evictions_blocked",
-                "evictions_rate_limited", "jobs_completed", "dry_run_steps", "gpu_memory_in_use_bytes",
-                "hard_limit_ooms", "soft_limit_evictions"):
-        assert getattr(fast, key) == getattr(every, key), key
-    if policy == "annotate-only":  # per-pod implicit budgets, no device coupling: the triggers' point
-        assert every.pods_evaluated > 3 * fast.pods_evaluated
 
 
 def test_dry_run_changes_nothing_physical():

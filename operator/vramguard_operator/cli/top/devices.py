@@ -21,9 +21,9 @@ from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import GPUDevice, NodeGPUUsageStatus, PodUsage
 from vramguard_operator.cli.top.limits import BudgetView, device_label, namespace_labels, parse_budgets, parse_policies
 from vramguard_operator.cli.top.model import Row, Snapshot
-from vramguard_operator.controller.indexes import report_entry, report_node
 from vramguard_operator.engine.pressure_facts import budget_rule, device_entries, unknown_reason
 from vramguard_operator.engine.types import PressureRule
+from vramguard_operator.plan.entries import report_entry, report_node
 from vramguard_operator.policy.merge import merge
 from vramguard_operator.policy.pressure import namespace_rule
 

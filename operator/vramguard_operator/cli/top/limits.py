@@ -13,8 +13,8 @@ from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import GPUDevice, PodUsage
 from vramguard_operator.cli.top.model import LIMIT_NAMES, Limit, Snapshot
-from vramguard_operator.controller.indexes import budget_entry, policy_entry, report_entry, report_node
 from vramguard_operator.engine.selectors import compile_selector
+from vramguard_operator.plan.entries import budget_entry, policy_entry, report_entry, report_node
 from vramguard_operator.policy.ceilings import effective_budget
 from vramguard_operator.policy.implicit import read_limits
 from vramguard_operator.policy.merge import merge

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramguard_operator.controller.kubeapi import plain
+from vramguard_operator.plan.entries import plain
 
 DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"  # DRA_VERSION: when discovery says nothing
 CLAIMS, SLICES = "resourceclaims", "resourceslices"

@@ -36,9 +36,9 @@ from datetime import datetime
 from typing import Any
 
 from vramguard_api.budget import GPUMemoryBudget
-from vramguard_operator.controller.cache import ClusterCache
 from vramguard_operator.engine.quiet import limits_settled, quiet_pod, wants_soft_limits
 from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, QuietPods
+from vramguard_operator.plan.cache import ClusterCache
 from vramguard_operator.policy.dra import pod_claim_names
 from vramguard_operator.policy.sharers import grant_annotations, kai_groups
 

@@ -23,7 +23,6 @@ from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.ends import ACK_ANNOTATION
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.controller.kubeapi import plain
 from vramguard_operator.engine.records import records_from_annotation
 from vramguard_operator.engine.types import ANNOTATION_PREFIX, ANNOTATION_VIOLATIONS, PodFacts
 from vramguard_operator.policy.implicit import ANNOTATION_LIMITS
@@ -32,6 +31,17 @@ from vramguard_operator.policy.sharers import grant_annotations, may_use_gpu
 T = TypeVar("T")
 
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "aliyun.com/")
+
+
+def plain(value: Any) -> Any:
+    """A deep plain copy of a kopf body or any part of it: mappings become
+    dicts and lists new lists (kopf's bodies are read-only views over the raw
+    data, which must not be shared with what the operator keeps)."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
 
 
 def rv_newer(a: str, b: str) -> bool:

@@ -18,8 +18,8 @@ from typing import Any
 from vramguard_api import conditions as C
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.controller.indexes import BudgetEntry, Versioned, has_vramguard_state
 from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, HeldBudget, PodFacts
+from vramguard_operator.plan.entries import BudgetEntry, Versioned, has_vramguard_state
 from vramguard_operator.policy import groups as policy_groups
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.dra import DRAConfig

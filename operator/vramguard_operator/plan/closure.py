@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from vramguard_api.budget import GPUMemoryBudgetStatus
-from vramguard_operator.controller.cache import BudgetKey, ClusterCache
-from vramguard_operator.controller.quiet import QuietTotals
+from vramguard_operator.plan.cache import BudgetKey, ClusterCache
+from vramguard_operator.plan.quiet import QuietTotals
 from vramguard_operator.policy.dra import pod_claim_names
 
 

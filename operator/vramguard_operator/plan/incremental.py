@@ -31,13 +31,6 @@ from typing import Any
 
 from vramguard_api import conditions as C
 from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
-from vramguard_operator.controller.cache import BudgetKey, ClusterCache
-from vramguard_operator.controller.closure import closure, named_pods
-from vramguard_operator.controller.coupling import Coupling
-from vramguard_operator.controller.indexes import BudgetEntry, Versioned
-from vramguard_operator.controller.planning import NamespacePolicy, namespace_policies
-from vramguard_operator.controller.quiet import QuietAnswers
-from vramguard_operator.controller.timers import TimerQueue, next_step_due, staleness_change
 from vramguard_operator.engine.types import (
     EngineConfig,
     EngineInput,
@@ -49,9 +42,16 @@ from vramguard_operator.engine.types import (
     Recover,
     Throttle,
 )
+from vramguard_operator.plan.cache import BudgetKey, ClusterCache
+from vramguard_operator.plan.closure import closure, named_pods
+from vramguard_operator.plan.coupling import Coupling
+from vramguard_operator.plan.entries import BudgetEntry, Versioned
+from vramguard_operator.plan.quiet import QuietAnswers
+from vramguard_operator.plan.timers import TimerQueue, next_step_due, staleness_change
 from vramguard_operator.policy import groups as policy_groups
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.dra import DRAConfig
+from vramguard_operator.policy.groups import NamespacePolicy, namespace_policies
 from vramguard_operator.policy.implicit import IMPLICIT_UID_PREFIX, is_implicit
 from vramguard_operator.policy.merge import MergedPolicy
 from vramguard_operator.policy.node import NodeFacts

@@ -33,14 +33,15 @@ its threshold coupled, in case a change were ever missed above.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import datetime
 
-from vramguard_operator.controller.cache import ClusterCache
-from vramguard_operator.controller.closure import node_pods
 from vramguard_operator.engine.measure import read_nodes
 from vramguard_operator.engine.outputs import DevicePressureReport
 from vramguard_operator.engine.records import whole_seconds
+from vramguard_operator.plan.cache import ClusterCache
+from vramguard_operator.plan.closure import node_pods
 
 GI = 1 << 30
 NEAR_MARGIN_FRACTION = 0.05
@@ -54,12 +55,32 @@ def near_margin(usable: int | None) -> int:
     return max(NEAR_MARGIN_MIN_BYTES, int((usable or 0) * NEAR_MARGIN_FRACTION))
 
 
+def slack_of(d: DevicePressureReport) -> float:
+    """A device's slack in one verdict: its free memory above the rule's
+    threshold (bytes, ``free_bytes - min_free_bytes``); ``-inf`` when the
+    verdict is not ``Clear`` or either figure is unknown. The operator keeps a
+    node far while the slack is at least the margin (``clear_of``); the fleet
+    simulation keeps a device clear while what moved on it stays within its
+    slack (``simulate.triggers``)."""
+    if d.state != "Clear" or d.free_bytes is None or d.min_free_bytes is None:
+        return -math.inf
+    return float(d.free_bytes - d.min_free_bytes)
+
+
+def device_slacks(reports: Iterable[DevicePressureReport]) -> dict[str, float]:
+    """Each judged device's slack (bytes) by device UUID: the smallest over the
+    groups that judged it (each group's threshold is the largest over its
+    pods, so the device's is the largest of theirs)."""
+    slack: dict[str, float] = {}
+    for d in reports:
+        slack[d.device] = min(slack.get(d.device, math.inf), slack_of(d))
+    return slack
+
+
 def clear_of(d: DevicePressureReport) -> bool:
     """Whether a device's verdict is ``Clear`` with free memory at least the
     margin above its threshold."""
-    if d.state != "Clear" or d.free_bytes is None or d.min_free_bytes is None:
-        return False
-    return d.free_bytes >= d.min_free_bytes + near_margin(d.usable_bytes)
+    return slack_of(d) >= near_margin(d.usable_bytes)
 
 
 class Coupling:

@@ -31,9 +31,9 @@ from typing import Any
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.controller.indexes import BudgetEntry, PodEntry, Versioned, policy_entry, rv_newer
-from vramguard_operator.controller.informer import Change
 from vramguard_operator.engine.selectors import compile_selector
+from vramguard_operator.plan.changes import Change
+from vramguard_operator.plan.entries import BudgetEntry, PodEntry, Versioned, policy_entry, rv_newer
 from vramguard_operator.policy.dra import pod_claim_names
 from vramguard_operator.policy.sharers import KAI_RESERVATION_NAMESPACE
 

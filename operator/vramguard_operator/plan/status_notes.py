@@ -1,7 +1,7 @@
-"""Pure pieces of planning an evaluation: each namespace's effective
-GPUMemoryPolicy (``namespace_policies``), and the budget status notes that the
-loop adds (invalid specs, refused resizes). Which budgets and pods to evaluate
-is ``incremental``'s.
+"""The budget status notes that the reconcile loop adds to the engine's
+(invalid specs, refused resizes). Pure. Which budgets and pods to evaluate is
+``incremental``'s; each namespace's effective GPUMemoryPolicy is
+``policy.groups.namespace_policies``'s.
 """
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ from datetime import datetime
 from vramguard_api.budget import GPUMemoryBudgetStatus
 from vramguard_api.meta import Condition
 from vramguard_api.steps import Action
-from vramguard_operator.controller.indexes import BudgetEntry
 from vramguard_operator.engine import budget_status as bs
-from vramguard_operator.policy.groups import NamespacePolicy, namespace_policies
-
-__all__ = ["NamespacePolicy", "invalid_status", "namespace_policies", "note_resize_errors"]
+from vramguard_operator.plan.entries import BudgetEntry
 
 
 def invalid_status(entry: BudgetEntry, now: datetime) -> GPUMemoryBudgetStatus:

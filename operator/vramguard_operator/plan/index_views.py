@@ -10,7 +10,7 @@ from typing import Any
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.controller.indexes import policy_entry
+from vramguard_operator.plan.entries import policy_entry
 from vramguard_operator.policy.node import NodeFacts
 
 
@@ -51,6 +51,6 @@ def reports_of(store: Mapping[Any, Any] | None) -> dict[str, NodeGPUUsage]:
 
 
 def nodes_of(node_store: Mapping[Any, Any] | None, report_store: Mapping[Any, Any] | None) -> list[NodeFacts]:
-    """GPU nodes (``indexes.node_entry``) with their reports."""
+    """GPU nodes (``entries.node_entry``) with their reports."""
     reports = reports_of(report_store)
     return [NodeFacts.from_api(n, reports.get(n["metadata"]["name"])) for n in (node_store or {}).values()]

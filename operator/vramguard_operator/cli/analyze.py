@@ -42,7 +42,7 @@ from vramguard_api.leak.judgement import Judgement, Verdict, judge
 from vramguard_api.units import format_bytes, format_seconds
 from vramguard_operator.cli import oom_log
 from vramguard_operator.cli.analyze_plot import PlotError, plot, sparkline
-from vramguard_operator.cli.memlog import LogError, Series, read_log, select
+from vramguard_operator.cli.memlog import LogError, Series, parse_log, read_text, select
 from vramguard_operator.cli.oom_log import shows_oom
 
 EXIT_NO_LEAK, EXIT_LEAK, EXIT_BAD_INPUT, EXIT_UNDETERMINED = 0, 1, 2, 3
@@ -99,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"vramguard analyze: --interval must be above 0s, got {args.interval:g}s", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        text = args.file.read_text(errors="replace")
+        text = read_text(args.file)  # "-": stdin, read once for both readers
         if shows_oom(text):  # a container log or kernel lines, not a memory CSV (oom_log.py)
             return _oom_log(args, text)
-        series = select(read_log(args.file, args.interval), args.pid)
+        series = select(parse_log(text, args.interval, str(args.file)), args.pid)
     except (OSError, UnicodeDecodeError) as err:
         print(f"vramguard analyze: cannot read {args.file}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -72,7 +72,17 @@ def read_log(path: Path, interval_s: float | None = None) -> list[Series]:
     ``interval_s``: seconds per step of a step-indexed log (a ``step`` or
     ``iteration`` column, or no time column at all); such a log without it, or a
     log with timestamps given one, is an error that says so. ``-`` reads stdin."""
-    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    return parse_log(read_text(path), interval_s, str(path))
+
+
+def read_text(path: Path) -> str:
+    """The text of ``path``, or of stdin for ``-``; raises ``OSError`` or ``UnicodeDecodeError``."""
+    return sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+
+
+def parse_log(text: str, interval_s: float | None = None, label: str = "-") -> list[Series]:
+    """A memory log's text into series (``read_log``), a plain log's series named ``label``
+    (its file); raises ``LogError`` naming the line of bad input."""
     rows = list(_rows(text))
     if not rows:
         raise LogError("no samples")
@@ -81,7 +91,7 @@ def read_log(path: Path, interval_s: float | None = None) -> list[Series]:
         if interval_s is not None:
             raise LogError(f"line {rows[0][0]}: --interval is for logs indexed by step; this one has timestamps")
         return _read_nvidia_smi(rows)
-    return [_read_plain(rows, str(path), interval_s)]
+    return [_read_plain(rows, label, interval_s)]
 
 
 def _rows(text: str) -> Iterator[tuple[int, list[str]]]:

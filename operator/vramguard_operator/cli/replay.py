@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO, get_args
+from typing import Any, TextIO
 
 import yaml
 from pydantic import ValidationError
@@ -46,8 +46,8 @@ from vramguard_api.explain import validation_error
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S
 from vramguard_api.leak import analyse, verdict
 from vramguard_api.leak.judgement import Judgement, judge
+from vramguard_api.steps import Action
 from vramguard_api.units import MAX_BYTES, format_bytes, format_seconds, quantity_to_bytes
-from vramguard_operator.engine.outputs import DecisionAction
 from vramguard_operator.engine.types import Decision, DryRunStep, EngineConfig
 
 from .replay_run import TREND_WINDOW_S, ReplayError, Sample, replay_steps
@@ -81,7 +81,7 @@ class ReplayEvent:
         }
 
 
-STEPS: tuple[str, ...] = get_args(DecisionAction)
+STEPS: tuple[str, ...] = ("Warn", "Recover", *(a.value for a in Action))  # engine.outputs.DecisionAction
 MAX_T_SECONDS = 10 * 365 * 86400.0
 
 

@@ -55,5 +55,7 @@ def test_triton_shared_memory_is_reported_as_not_vram(tmp_path, capsys):
 def test_a_memory_csv_is_still_a_memory_csv(tmp_path, capsys):
     log = tmp_path / "m.csv"
     log.write_text("t_seconds,bytes\n" + "".join(f"{t},{1000}\n" for t in range(0, 600, 10)))
-    assert main(["analyze", str(log)]) == 0
-    assert "leak: no" in capsys.readouterr().out
+    # judged as memory (ten flat minutes are too short for a verdict: undetermined, 3), not as an OOM log
+    assert main(["analyze", str(log)]) == 3
+    out = capsys.readouterr().out
+    assert "leak: undetermined" in out and "OOM" not in out

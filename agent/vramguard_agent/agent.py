@@ -118,6 +118,7 @@ def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False
         proc_root=proc_root,
         memory=CgroupMemoryReader(cgroup_root, refresh_s=cfg.ram_interval_s),
         history=HistoryStore(cfg.history_window_s, cfg.history_points, cfg.trend_interval_s),
+        ram_history=HistoryStore(cfg.history_window_s, cfg.history_points, cfg.trend_interval_s),
         pods=pods,
         container_names=names,
         sample_interval_s=cfg.sample_interval_s,

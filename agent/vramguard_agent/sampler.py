@@ -63,6 +63,9 @@ class Sampler:
     whose change clears the attribution cache (the simulated host can move a pid
     to another cgroup; a real host cannot). ``caps``, when given, applies and
     reports pods' memory limits after each GPU sample (``caps.CapEnforcer``).
+    ``history`` keeps the pods' VRAM series, ``ram_history`` their RAM working
+    sets: the same store and trend schedule for each, so one leak detector
+    judges both memories.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class Sampler:
         proc_root: str | Path = "/proc",
         memory: CgroupMemoryReader | None = None,
         history: HistoryStore | None = None,
+        ram_history: HistoryStore | None = None,
         pods: Callable[[], Mapping[str, PodMeta]] = dict,
         container_names: Callable[[], Mapping[str, str]] = dict,
         sample_interval_s: float = 10.0,
@@ -85,6 +89,8 @@ class Sampler:
         # "is None", not "or": an empty store is falsy (it has a length).
         self.memory = memory if memory is not None else CgroupMemoryReader()
         self.history = history if history is not None else HistoryStore()
+        # The pods' RAM working sets, for the same leak detector (issue 30).
+        self.ram_history = ram_history if ram_history is not None else HistoryStore()
         self.pods = pods
         self.container_names = container_names
         self.sample_interval_s = sample_interval_s
@@ -126,11 +132,14 @@ class Sampler:
         idle = None if agg.listing_failed else 0
         vram_now = {uid: idle for uid in gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
         self.history.add(history_s, vram_now)
+        ram_now = {uid: m.pod.working_set_bytes for uid, m in memory.items()}
+        self.ram_history.add(history_s, ram_now)
         names = self.container_names()
         inputs = PodInputs(
             pods=pods,
             memory=memory,
             trends=self.history.trends(vram_now, history_s),
+            ram_trends=self.ram_history.trends(ram_now, history_s),
             gpu_pods=gpu_pods,
             container_names=names,
             memory_limits=limits,

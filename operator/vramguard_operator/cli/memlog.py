@@ -37,7 +37,8 @@ class LogError(ValueError):
 
 @dataclass
 class Series:
-    """One VRAM series from a log: its label and samples (seconds from the log's
+    """One memory series from a log: its label, which memory (VRAM, or RAM for
+    ``ramlog.py``'s logs and ``--memory RAM``) and samples (seconds from the log's
     first timestamp or as written, bytes; NaN for an unknown value)."""
 
     label: str
@@ -46,6 +47,7 @@ class Series:
     values: list[float] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
     origin: datetime | None = None  # wall-clock time of t = 0 (nvidia-smi logs)
+    memory: str = "VRAM"
 
     def add(self, t: float, value: float, line: int) -> None:
         """Append a sample; a second sample at the same time adds to it (one pid on two GPUs)."""

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
-from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudget
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S
 from vramguard_api.units import format_bytes, quantity_to_bytes
 from vramguard_operator.engine.types import Decision, DryRunStep, EngineConfig
@@ -224,7 +224,7 @@ def print_table(events: Sequence[ReplayEvent], out: TextIO) -> None:
         return
     rows = [("T_SECONDS", "POD", "ACTION", "VIOLATION", "OBSERVED", "LIMIT", "MESSAGE")]
     for e in events:
-        unit = "/h" if e.violation == "Leak" else ""
+        unit = "/h" if e.violation in LEAK_MEMORY else ""
         t = str(int(e.t_seconds)) if float(e.t_seconds).is_integer() else str(e.t_seconds)
         action = e.action + (" (dry run)" if e.dry_run else "")
         rows.append(

@@ -68,6 +68,7 @@ def test_plain_csv_leak_with_limit(capsys):
     [obj] = objects(out)
     assert set(obj) == {
         "series",
+        "memory",
         "leak",
         "growth_bytes_per_hour",
         "growth_low_bytes_per_hour",

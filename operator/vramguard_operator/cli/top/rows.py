@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from vramguard_api.budget import DEFAULT_WARNING_THRESHOLD
+from vramguard_api.budget import DEFAULT_WARNING_THRESHOLD, LEAK_MEMORY
 from vramguard_api.ends import ends_of
 from vramguard_api.oom import MEMORY_KINDS
 from vramguard_api.units import format_bytes, format_seconds
@@ -46,7 +46,7 @@ def _recorded(annotations: Mapping[str, str], ns: str, name: str) -> tuple[Reaso
             if r.opened_at is None:
                 continue
             recorded.add((r.key.budget, r.key.kind, r.key.device))
-            found.add("leak" if r.key.kind == "Leak" else "violating")
+            found.add("leak" if r.key.kind in LEAK_MEMORY else "violating")
             why.append(f"{r.key.kind} (budget {r.key.budget}): {r.step or 'open'}")
     return (found, why), recorded
 
@@ -69,7 +69,7 @@ def _from_statuses(
                 found.add("warning")
                 why.append(f"{v.kind} (budget {b.name}): pending, within the tolerance")
             else:
-                found.add("leak" if v.kind == "Leak" else "violating")
+                found.add("leak" if v.kind in LEAK_MEMORY else "violating")
                 mode = " (dry run)" if v.dry_run or status.effective_mode == "DryRun" else ""
                 why.append(f"{v.kind} (budget {b.name}): {v.step or 'open'}{mode}")
         for w in status.warnings or ():

@@ -17,8 +17,10 @@ non-leaks: aliased-sawtooth, eval-spikes, allocator-warmup, mean-reverting,
 step-then-flat, hourly-cycle, checkpoint-sawtooth, dropouts, slow-steps,
 cache-fill; leaks: sawtooth-slow-leak, linear, fast, stairs, bursty-requests,
 late-onset, oom-restart, fast-after-flat, checkpoint-leak, batch-floor,
-bursty-fast. The shapes are in corpus_shapes.py (building blocks, non-leaks)
-and corpus_leaks.py.
+bursty-fast; host RAM (issue 30): ram-loader-cow, ram-pinned-leak (leaks),
+ram-cache-plateau, ram-page-cache (non-leaks). The shapes are in
+corpus_shapes.py (building blocks, non-leaks), corpus_leaks.py, corpus_lives.py
+and corpus_ram.py.
 
 Usage: python hack/make_corpus.py [--out DIR] [--check]
 """
@@ -58,6 +60,7 @@ from corpus_lives import (  # noqa: E402
     short_lives,
     start_leak,
 )
+from corpus_ram import cache_plateau, loader_cow, page_cache, pinned_leak  # noqa: E402
 from corpus_shapes import (  # noqa: E402
     MIB,
     Trace,
@@ -109,6 +112,11 @@ KINDS: dict[str, tuple[Callable[[np.random.Generator, float], Trace], tuple[floa
     "cycle-start": (cycle_start, (5, 10, 15, 30)),
     "redeploy": (redeploy, (5, 15, 30, 60)),
     "gappy-steps": (gappy_steps, (5, 10, 30, 60)),
+    # issue 30: host RAM working sets, the same detector (corpus_ram.py)
+    "ram-loader-cow": (loader_cow, (5, 10, 15, 30)),
+    "ram-pinned-leak": (pinned_leak, (5, 10, 30, 60)),
+    "ram-cache-plateau": (cache_plateau, (5, 15, 30, 60)),
+    "ram-page-cache": (page_cache, (5, 10, 15, 30)),
 }
 
 

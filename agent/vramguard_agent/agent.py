@@ -102,6 +102,7 @@ def build(cfg: AgentConfig, api_client: Any | None = None, publish: bool = False
         proc_root=parts.proc_root,
         memory=CgroupMemoryReader(parts.cgroup_root, refresh_s=cfg.ram_interval_s),
         history=HistoryStore(cfg.history_window_s, cfg.history_points, cfg.trend_interval_s),
+        ram_history=HistoryStore(cfg.history_window_s, cfg.history_points, cfg.trend_interval_s),
         pods=parts.pods,
         container_names=parts.container_names,
         sample_interval_s=cfg.sample_interval_s,

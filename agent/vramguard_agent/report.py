@@ -107,7 +107,8 @@ class PodInputs:
     """Everything besides the GPU sample that a pod entry is built from.
 
     ``pods`` maps a cgroup uid (API uid, or static pod config hash) to the pod's
-    API metadata; ``memory`` and ``trends`` are keyed by cgroup uid too;
+    API metadata; ``memory``, ``trends`` (VRAM) and ``ram_trends`` (RAM working
+    set) are keyed by cgroup uid too;
     ``gpu_pods`` are cgroup uids of pods that use a GPU but have no process now;
     ``container_names`` adds names for container ids the API does not show;
     ``memory_limits`` holds pods' driver-enforced memory limits (``caps``), by cgroup uid.
@@ -116,6 +117,7 @@ class PodInputs:
     pods: Mapping[str, PodMeta] = field(default_factory=dict)
     memory: Mapping[str, PodMemory] = field(default_factory=dict)
     trends: Mapping[str, TrendFeatures] = field(default_factory=dict)
+    ram_trends: Mapping[str, TrendFeatures] = field(default_factory=dict)
     gpu_pods: Iterable[str] = ()
     container_names: Mapping[str, str] = field(default_factory=dict)
     memory_limits: Mapping[str, PodLimits] = field(default_factory=dict)
@@ -154,6 +156,7 @@ class PodEntry:
     devices: list[DeviceEntry] = field(default_factory=list)
     containers: list[ContainerEntry] = field(default_factory=list)
     trend: TrendFeatures | None = None
+    ram_trend: TrendFeatures | None = None
     memory_limits: list[LimitEntry] = field(default_factory=list)
     memory_limits_error: str | None = None
 
@@ -192,6 +195,7 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
         devices=devices,
         containers=containers,
         trend=inputs.trends.get(uid),
+        ram_trend=inputs.ram_trends.get(uid),
         memory_limits=limits.entries,
         memory_limits_error=limits.error,
     )
@@ -369,6 +373,7 @@ def _pod_usage(p: PodEntry) -> PodUsage:
             for c in p.containers
         ],
         trend=p.trend,
+        ramTrend=p.ram_trend,
         memoryLimits=[e.to_api() for e in p.memory_limits] or None,
         memoryLimitsError=p.memory_limits_error,
     )

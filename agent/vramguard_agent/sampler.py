@@ -97,7 +97,9 @@ class Sampler:
     whose change clears the attribution cache (the simulated host can move a pid
     to another cgroup; a real host cannot). ``cgroups_needed(pods)`` names the
     cgroup uids whose memory and paths the memory limits need read beyond the GPU
-    pods (``caps.CapEnforcer.cgroups_needed``).
+    pods (``caps.CapEnforcer.cgroups_needed``). ``history`` keeps the pods' VRAM
+    series, ``ram_history`` their RAM working sets: the same store and trend
+    schedule for each, so one leak detector judges both memories.
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class Sampler:
         proc_root: str | Path = "/proc",
         memory: CgroupMemoryReader | None = None,
         history: HistoryStore | None = None,
+        ram_history: HistoryStore | None = None,
         pods: Callable[[], Mapping[str, PodMeta]] = dict,
         container_names: Callable[[], Mapping[str, str]] = dict,
         sample_interval_s: float = 10.0,
@@ -120,6 +123,8 @@ class Sampler:
         # "is None", not "or": an empty store is falsy (it has a length).
         self.memory = memory if memory is not None else CgroupMemoryReader()
         self.history = history if history is not None else HistoryStore()
+        # The pods' RAM working sets, for the same leak detector (issue 30).
+        self.ram_history = ram_history if ram_history is not None else HistoryStore()
         self.pods = pods
         self.container_names = container_names
         self.sample_interval_s = sample_interval_s
@@ -170,11 +175,14 @@ class Sampler:
         idle = None if agg.listing_failed else 0
         vram_now = {uid: idle for uid in reading.gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
         self.history.add(reading.history_s, vram_now)
+        ram_now = {uid: m.pod.working_set_bytes for uid, m in reading.memory.items()}
+        self.ram_history.add(reading.history_s, ram_now)
         names = self.container_names()
         inputs = PodInputs(
             pods=pods,
             memory=reading.memory,
             trends=self.history.trends(vram_now, reading.history_s),
+            ram_trends=self.ram_history.trends(ram_now, reading.history_s),
             gpu_pods=reading.gpu_pods,
             container_names=names,
             memory_limits=limits or {},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .bounds import DELAY, GROWTH_PER_HOUR, THROTTLE_CPU, CPUQuantity, Delay, GrowthQuantity, duration_guard
 from .limits import DeviceLimit, MemoryLimit, le_message, le_rule
@@ -16,7 +16,18 @@ from .units import parse_duration, quantity_to_bytes
 
 Mode = Literal["Enforce", "DryRun"]
 SoftLimits = Literal["Share", "Off"]
-ViolationKind = Literal["PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak", "DevicePressure"]
+ViolationKind = Literal[
+    "PodVRAM", "PodRAM", "DeviceVRAM", "TotalVRAM", "TotalRAM", "Leak", "RAMLeak", "DevicePressure"
+]
+LeakMemory = Literal["VRAM", "RAM"]
+"""A memory whose trend the leak detector watches: the pod's VRAM over its devices,
+or its RAM working set (the cgroup's usage less inactive file pages)."""
+
+LEAK_KINDS: dict[LeakMemory, ViolationKind] = {"VRAM": "Leak", "RAM": "RAMLeak"}
+"""The violation kind of a leak in each memory (``Leak`` keeps its name from
+before RAM was watched, so that existing statuses read alike)."""
+LEAK_MEMORY: dict[ViolationKind, LeakMemory] = {kind: memory for memory, kind in LEAK_KINDS.items()}
+"""The memory of each leak kind: ``LEAK_MEMORY[kind]`` names it in Events, status and metrics."""
 
 DEFAULT_THROTTLE_CPU = "100m"
 DEFAULT_WARNING_THRESHOLD = 0.85
@@ -203,7 +214,8 @@ class Enforcement(APIModel):
 
 
 class LeakDetection(APIModel):
-    """Leak detection on each selected pod's VRAM trend."""
+    """Leak detection on each selected pod's VRAM trend, RAM working-set trend, or both
+    (``memories``): one detector, the same thresholds for each memory."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -217,11 +229,22 @@ class LeakDetection(APIModel):
         }
     )
 
-    enabled: bool = Field(default=False, description="Whether a detected leak opens a Leak violation.")
+    enabled: bool = Field(
+        default=False, description="Whether a detected leak opens a violation: Leak (VRAM) or RAMLeak (RAM)."
+    )
+    memories: list[LeakMemory] = Field(
+        default=["VRAM"],
+        min_length=1,
+        max_length=2,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+        description="Which memories are watched: VRAM (the default), RAM (the pod's working set: data loaders, "
+        "pinned buffers, preprocessing caches), or both. The thresholds below apply to each alike.",
+    )
     min_growth_per_hour: GrowthQuantity = Field(
         default="200Mi",
         alias="minGrowthPerHour",
-        description=f"Smallest sustained VRAM growth, per hour, that counts as a leak. {GROWTH_PER_HOUR.doc}",
+        description="Smallest sustained growth, per hour, of a watched memory that counts as a leak. "
+        f"{GROWTH_PER_HOUR.doc}",
     )
     min_window: Delay = Field(
         default="30m",
@@ -243,6 +266,13 @@ class LeakDetection(APIModel):
         description="Evict a leaking pod this long before its projected exhaustion of the limit, "
         f"so that a replacement starts before the OOM takes neighbours down. {DELAY.doc}",
     )
+
+    @field_validator("memories")
+    @classmethod
+    def _distinct(cls, memories: list[LeakMemory]) -> list[LeakMemory]:
+        if len(set(memories)) != len(memories):
+            raise ValueError(f"memories: duplicate memory in {memories}")
+        return memories
 
 
 class GPUMemoryBudgetSpec(APIModel):
@@ -278,7 +308,8 @@ class Violation(APIModel):
     """An open violation and how far it has escalated."""
 
     kind: ViolationKind = Field(
-        description="Which limit: PodVRAM, PodRAM, DeviceVRAM, TotalVRAM, TotalRAM or Leak; DevicePressure: the pod "
+        description="Which limit: PodVRAM, PodRAM, DeviceVRAM, TotalVRAM, TotalRAM, Leak (VRAM) or RAMLeak "
+        "(RAM working set); DevicePressure: the pod "
         "was the one most above its share on a device whose free memory fell under minFree (observedBytes: its "
         "use there, limitBytes: its share)."
     )

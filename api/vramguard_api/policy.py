@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from .budget import Mode, SoftLimits
+from .diagnosis import DiagnosisThresholds
 from .limits import DeviceLimit, MemoryLimit
 from .meta import APIModel, Condition, LabelSelector, ObjectMeta
 from .pressure import DevicePressure
@@ -99,6 +100,11 @@ class GPUMemoryPolicySpec(APIModel):
         "falls under minFree, the pod on it most above its share is evicted at once (never a pod within its "
         "share; one pod per device at a time). Pods no budget selects take part through their implicit budgets "
         "(their node's share when the policy has no defaults). Unset: off.",
+    )
+    diagnosis: DiagnosisThresholds = Field(
+        default_factory=DiagnosisThresholds,
+        description="When a pod of these namespaces is diagnosed RAMShort, VRAMShort or VRAMIdle (its one diagnosis "
+        "of RAMLeak, VRAMLeak, RAMShort, VRAMShort, VRAMIdle, OK: docs/policy.md, \"Diagnosis\").",
     )
 
 

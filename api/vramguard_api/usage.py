@@ -216,6 +216,12 @@ class PodUsage(APIModel):
     devices: list[DeviceUsage] = Field(default_factory=list, max_length=MAX_DEVICES, description="VRAM per device.")
     containers: list[ContainerUsage] = Field(default_factory=list, max_length=64, description="Usage per container.")
     trend: TrendFeatures | None = Field(default=None, description="VRAM trend features for leak detection.")
+    ram_trend: TrendFeatures | None = Field(
+        default=None,
+        alias="ramTrend",
+        description="RAM working-set trend features for leak detection: the same detector as the VRAM trend's, "
+        "on the pod's working-set history.",
+    )
     memory_limits: list[PodMemoryLimit] | None = Field(
         default=None,
         alias="memoryLimits",

@@ -1,8 +1,9 @@
 """Leak detection over both labelled corpora, run as it would run live: on growing
 prefixes of every trace. Prints and records (``bench``) the issue 16 targets on
 the independent corpus (``tests/leak_corpora/independent.py``: a different
-generator, not tuned on) and on the tuning corpus (``tests/fixtures/leak-corpus/``,
-which the detector's constants were chosen on), separately, for three views
+generator, not tuned on), on the tuning corpus (``tests/fixtures/leak-corpus/``,
+which the detector's constants were chosen on) and on its host-RAM traces
+(``ram-*``, issue 30), separately, for three views
 (``leak_eval.py``): the agent's history and trend schedule with the operator's
 rule (what runs live), ``detect_leak`` on whole prefixes (``vramguard analyze``)
 and the agent's history with fresh features. Run: ``make bench`` or
@@ -39,7 +40,11 @@ CORPORA: dict[str, tuple[str, Callable[[], list[Trace]]]] = {
     ),
     "tuning": (
         "tuning corpus (hack/make_corpus.py: the detector's constants were chosen on it)",
-        lambda: [tuning.trace(n) for n in tuning.names()],
+        lambda: [tuning.trace(n) for n in tuning.names() if not n.startswith("ram-")],
+    ),
+    "ram": (
+        "host RAM working sets (hack/corpus_ram.py, issue 30: data loaders, pinned buffers, caches, page cache)",
+        lambda: [tuning.trace(n) for n in tuning.names() if n.startswith("ram-")],
     ),
 }
 

@@ -1,6 +1,8 @@
-"""``vramguard analyze FILE``: say whether a VRAM log shows a leak.
+"""``vramguard analyze FILE``: say whether a VRAM or RAM log shows a leak.
 
-Reads a plain ``t_seconds,bytes`` CSV, a step-indexed log (``--interval``), or
+Reads a plain ``t_seconds,bytes`` CSV (VRAM, or RAM with ``--memory RAM``: a
+process's RSS or a cgroup's usage), a step-indexed log (``--interval``),
+``pidstat -r`` or ``ps -o etimes,rss`` output (RAM, ``ramlog.py``), or
 the CSV that
 ``nvidia-smi --query-compute-apps=timestamp,pid,process_name,used_gpu_memory --format=csv -l N``
 (one series per pid) or ``nvidia-smi --query-gpu=timestamp,memory.used --format=csv -l N``
@@ -40,7 +42,7 @@ from vramguard_api.leak import (
 )
 from vramguard_api.leak.judgement import Judgement, Verdict, judge
 from vramguard_api.units import format_bytes, format_seconds
-from vramguard_operator.cli import oom_log
+from vramguard_operator.cli import oom_log, ramlog
 from vramguard_operator.cli.analyze_plot import PlotError, plot, sparkline
 from vramguard_operator.cli.memlog import LogError, Series, parse_log, read_text, select
 from vramguard_operator.cli.oom_log import shows_oom
@@ -89,6 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_duration("--interval"),
         help="time per step of a log with a step or iteration column and no time (e.g. 2s)",
     )
+    parser.add_argument(
+        "--memory",
+        choices=("VRAM", "RAM"),
+        help="which memory a t_seconds,bytes CSV holds (default VRAM; pidstat and ps logs are RAM)",
+    )
     parser.add_argument("--plot", metavar="PNG", type=Path, help="draw the verdict to this PNG file (needs matplotlib)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per series, one per line")
 
@@ -102,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         text = read_text(args.file)  # "-": stdin, read once for both readers
         if shows_oom(text):  # a container log or kernel lines, not a memory CSV (oom_log.py)
             return _oom_log(args, text)
-        series = select(parse_log(text, args.interval, str(args.file)), args.pid)
+        series = select(_read(args.file, text, args.interval, args.memory), args.pid)
     except (OSError, UnicodeDecodeError) as err:
         print(f"vramguard analyze: cannot read {args.file}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -133,6 +140,18 @@ def run(args: argparse.Namespace) -> int:
     return exit_code([j for *_, j in judged])
 
 
+def _read(path: Path, text: str, interval_s: float | None, memory: str | None) -> list[Series]:
+    """The log's series: a pidstat or ps log (RAM), else a CSV (``memlog``) of ``memory``."""
+    if ramlog.recognises(text):
+        if memory == "VRAM":
+            raise LogError("--memory VRAM: this is a pidstat or ps log, which holds RAM (RSS)")
+        return ramlog.read_ram_log(text, interval_s)
+    series = parse_log(text, interval_s, str(path))
+    for s in series:
+        s.memory = memory or "VRAM"
+    return series
+
+
 def _oom_log(args: argparse.Namespace, text: str) -> int:
     findings = oom_log.judge(text)
     print(oom_log.to_json(str(args.file), findings) if args.json else oom_log.describe(str(args.file), findings))
@@ -161,6 +180,7 @@ def to_json(series: Series, a: Analysis, result: LeakResult, j: Judgement) -> di
         "verdict": j.verdict.value,
         "reason": None if j.reason is None else j.reason.value,
         "detail": j.detail or None,
+        "memory": series.memory,
         "leak": result.leak,
         "growth_bytes_per_hour": result.growth_bytes_per_hour if grown else None,
         "growth_low_bytes_per_hour": result.growth_low_bytes_per_hour if grown else None,
@@ -176,7 +196,8 @@ def to_json(series: Series, a: Analysis, result: LeakResult, j: Judgement) -> di
 def describe(series: Series, a: Analysis, result: LeakResult, j: Judgement, limit: int | None) -> str:
     """The human-readable verdict on one series."""
     span = series.times[-1] - series.times[0] if series.times else 0.0
-    lines = [f"{series.label}: {len(series.times)} samples over {format_seconds(span)}"]
+    memory = "" if series.memory == "VRAM" else f" ({series.memory})"  # VRAM unless said
+    lines = [f"{series.label}{memory}: {len(series.times)} samples over {format_seconds(span)}"]
     line = sparkline(a.t, a.v)
     if line:
         lines.append(f"  floor {line}")

@@ -40,7 +40,8 @@ class LogError(ValueError):
 
 @dataclass
 class Series:
-    """One VRAM series from a log: its label and samples (seconds from the log's
+    """One memory series from a log: its label, which memory (VRAM, or RAM for
+    ``ramlog.py``'s logs and ``--memory RAM``) and samples (seconds from the log's
     first timestamp or as written, bytes; NaN for an unknown value)."""
 
     label: str
@@ -50,6 +51,7 @@ class Series:
     lines: list[int] = field(default_factory=list)
     origin: datetime | None = None  # wall-clock time of t = 0 (nvidia-smi logs)
     total: float | None = None  # the device's memory.total (bytes), when the log has that column
+    memory: str = "VRAM"
 
     def add(self, t: float, value: float, line: int) -> None:
         """Append a sample; a second sample at the same time adds to it (one pid on two GPUs)."""

@@ -40,7 +40,7 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
-from vramguard_api.budget import GPUMemoryBudget
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudget
 from vramguard_api.cliargs import duration_arg, one_line
 from vramguard_api.explain import validation_error
 from vramguard_api.history import DEFAULT_MAX_POINTS, DEFAULT_TREND_INTERVAL_S
@@ -292,7 +292,7 @@ def print_table(events: Sequence[ReplayEvent], out: TextIO) -> None:
         return
     rows = [("T_SECONDS", "POD", "ACTION", "VIOLATION", "OBSERVED", "LIMIT", "MESSAGE")]
     for e in events:
-        unit = "/h" if e.violation == "Leak" else ""
+        unit = "/h" if e.violation in LEAK_MEMORY else ""
         t = str(int(e.t_seconds)) if float(e.t_seconds).is_integer() else str(e.t_seconds)
         action = e.action + (" (dry run)" if e.dry_run else "")
         rows.append(

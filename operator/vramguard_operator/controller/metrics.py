@@ -1,16 +1,16 @@
 """Prometheus metrics of the operator (prometheus-client).
 
 - ``vramguard_budget_violations{kind,namespace,budget}`` (gauge): open violations per
-  budget and kind (PodVRAM, PodRAM, DeviceVRAM, TotalVRAM, TotalRAM, Leak), as in
+  budget and kind (PodVRAM, PodRAM, DeviceVRAM, TotalVRAM, TotalRAM, Leak, RAMLeak), as in
   the budget's ``status.violations`` (pending ones, still within the tolerance,
   are not counted).
 - ``vramguard_budget_usage_ratio{namespace,budget,pod,resource}`` (gauge): measured
   usage / limit for every limit at or above the budget's warning threshold or
-  violated (``resource`` is the limit kind, ``pod`` empty for a total; Leak
+  violated (``resource`` is the limit kind, ``pod`` empty for a total; leak
   violations are not ratios and are left out). Limits below the threshold have
   no series, which keeps the cardinality to the pods that matter.
-- ``vramguard_leak_suspected{namespace,budget,pod}`` (gauge, 1): a Leak violation
-  is open on the pod.
+- ``vramguard_leak_suspected{namespace,budget,pod,memory}`` (gauge, 1): a leak
+  violation is open on the pod, in ``memory`` VRAM (Leak) or RAM (RAMLeak).
 - ``vramguard_actions_total{action,result,namespace}`` (counter): actions taken
   or attempted. ``action``: Warn, Annotate, Throttle, Cap, Evict, Recover.
   ``result``: ``success``, ``failed`` (the API refused, or did not answer), ``impossible`` (no
@@ -69,7 +69,7 @@ from datetime import datetime
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from vramguard_api.budget import GPUMemoryBudgetStatus
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudgetStatus
 from vramguard_operator.engine.types import DevicePressureReport, PodMemoryLimits
 
 log = logging.getLogger("vramguard.operator")
@@ -110,8 +110,8 @@ class Metrics:
         )
         self.leak = Gauge(
             "vramguard_leak_suspected",
-            "1 while a Leak violation is open on the pod.",
-            ["namespace", "budget", "pod"],
+            "1 while a leak violation is open on the pod; memory: VRAM (Leak) or RAM (RAMLeak).",
+            ["namespace", "budget", "pod", "memory"],
             registry=self.registry,
         )
         self.report_age = Gauge(
@@ -139,7 +139,7 @@ class Metrics:
         self._scale_metrics()
         self._violation_series: dict[tuple[str, str], set[str]] = {}
         self._ratio_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
-        self._leak_series: dict[tuple[str, str], set[str]] = {}
+        self._leak_series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (pod, memory)
         self._report_nodes: set[str] = set()
 
     def _scale_metrics(self) -> None:
@@ -260,13 +260,14 @@ class Metrics:
         else:
             self._violation_series.pop(key, None)
         self._set_ratios(namespace, budget, status)
-        self._set_leaks(namespace, budget, [v.pod or "" for v in opened if v.kind == "Leak"])
+        leaks: list[tuple[str, str]] = [(v.pod or "", LEAK_MEMORY[v.kind]) for v in opened if v.kind in LEAK_MEMORY]
+        self._set_leaks(namespace, budget, leaks)
 
     def _set_ratios(self, namespace: str, budget: str, status: GPUMemoryBudgetStatus | None) -> None:
         entries = [*((status.warnings or ()) if status else ()), *((status.violations or ()) if status else ())]
         ratios: dict[tuple[str, str], float] = {}
         for e in entries:
-            if e.kind == "Leak" or not e.limit_bytes:
+            if e.kind in LEAK_MEMORY or not e.limit_bytes:
                 continue
             series = (e.pod or "", e.kind)
             ratios[series] = max(ratios.get(series, 0.0), e.observed_bytes / e.limit_bytes)
@@ -277,13 +278,14 @@ class Metrics:
             self.usage_ratio.labels(namespace=namespace, budget=budget, pod=pod, resource=kind).set(ratio)
         self._ratio_series[key] = set(ratios)
 
-    def _set_leaks(self, namespace: str, budget: str, pods: list[str]) -> None:
+    def _set_leaks(self, namespace: str, budget: str, leaks: list[tuple[str, str]]) -> None:
+        """One series per (pod, memory) that leaks; the others removed."""
         key = (namespace, budget)
-        for pod in self._leak_series.get(key, set()) - set(pods):
-            self.leak.remove(namespace, budget, pod)
-        for pod in pods:
-            self.leak.labels(namespace=namespace, budget=budget, pod=pod).set(1)
-        self._leak_series[key] = set(pods)
+        for pod, memory in self._leak_series.get(key, set()) - set(leaks):
+            self.leak.remove(namespace, budget, pod, memory)
+        for pod, memory in leaks:
+            self.leak.labels(namespace=namespace, budget=budget, pod=pod, memory=memory).set(1)
+        self._leak_series[key] = set(leaks)
 
     def _memory_limit_gauges(self) -> tuple[Gauge, Gauge]:
         pods = Gauge(

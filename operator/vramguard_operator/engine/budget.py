@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWarning, Violation
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudget, GPUMemoryBudgetStatus, LimitWarning, Violation
 from vramguard_api.steps import Action
 from vramguard_operator.engine import cap_steps, caps, steps
 from vramguard_operator.engine import ladder as lad
@@ -167,7 +167,7 @@ def _move_all(
         key = m.key
         measured[key] = m
         kind, rec, due = transition(
-            records.get(key), m, now, uid, tolerance, leak_ladder if key.kind == "Leak" else ladder
+            records.get(key), m, now, uid, tolerance, leak_ladder if key.kind in LEAK_MEMORY else ladder
         )
         if kind == "Quiet" or kind == "Pending" or kind == "Hold":
             if rec is not None:

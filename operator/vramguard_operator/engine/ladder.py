@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
-from vramguard_api.budget import GPUMemoryBudgetSpec
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudgetSpec
 from vramguard_api.limits import DeviceLimit
 from vramguard_api.steps import Action
 from vramguard_operator.engine.inputs import PodFacts
@@ -122,7 +122,7 @@ def transition(
         if not m.over:
             return _QUIET
         since = rec.since if rec is not None else now
-        tolerance = 0.0 if m.key.kind == "Leak" else tolerance_seconds
+        tolerance = 0.0 if m.key.kind in LEAK_MEMORY else tolerance_seconds
         if not (m.hard or (now - since).total_seconds() >= tolerance):
             return Transition("Pending", ViolationRecord(m.key, budget_uid, since))
         rec = ViolationRecord(m.key, budget_uid, since, opened_at=now)

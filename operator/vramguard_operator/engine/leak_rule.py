@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramguard_api.budget import LeakDetection
+from vramguard_api.budget import LeakDetection, LeakMemory
 from vramguard_api.leak import DEFAULT_MIN_EVIDENCE_SECONDS, VerdictPath
 from vramguard_api.trend import TrendFeatures, trend_verdict, verdict_growth
 from vramguard_api.units import parse_duration, quantity_to_bytes
@@ -35,12 +35,14 @@ from vramguard_api.units import parse_duration, quantity_to_bytes
 @dataclass(frozen=True, slots=True)
 class LeakThresholds:
     """``spec.leakDetection`` in numbers: bytes per hour and seconds (``minEvidence``
-    defaults to the API's 7m for thresholds built without it)."""
+    defaults to the API's 7m for thresholds built without it), and the memories
+    they watch (each alike)."""
 
     min_growth_bytes_per_hour: float
     min_window_seconds: float
     evict_before_seconds: float | None
     min_evidence_seconds: float = DEFAULT_MIN_EVIDENCE_SECONDS
+    memories: tuple[LeakMemory, ...] = ("VRAM",)
 
     @classmethod
     def of(cls, ld: LeakDetection) -> LeakThresholds:
@@ -54,6 +56,7 @@ class LeakThresholds:
             if ld.evict_before is None
             else parse_duration(ld.evict_before, "spec.leakDetection.evictBefore"),
             min_evidence_seconds=parse_duration(ld.min_evidence, "spec.leakDetection.minEvidence"),
+            memories=tuple(ld.memories),
         )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from vramguard_api.budget import GPUMemoryBudgetSpec, ViolationKind
+from vramguard_api.budget import LEAK_KINDS, LEAK_MEMORY, GPUMemoryBudgetSpec, LeakMemory, ViolationKind
 from vramguard_api.leak import seconds_to_limit
 from vramguard_api.limits import DeviceLimit
 from vramguard_api.trend import TrendFeatures
@@ -48,7 +48,8 @@ class Node:
 class PodData:
     """One selected, running pod's measured usage in bytes (None: unknown);
     ``devices`` holds ``(uuid, used, usable)`` per device; ``reason``: why its
-    node's report is not believed (state ``Invalid``)."""
+    node's report is not believed (state ``Invalid``); ``trend`` and ``ram_trend``:
+    the trend features of its VRAM and of its RAM working set."""
 
     pod: PodFacts
     state: DataState
@@ -57,6 +58,11 @@ class PodData:
     devices: tuple[tuple[str, int | None, int | None], ...]
     trend: TrendFeatures | None
     reason: str | None = None
+    ram_trend: TrendFeatures | None = None
+
+    def leak_series(self, memory: LeakMemory) -> tuple[TrendFeatures | None, int | None]:
+        """The trend features and the current value (bytes) of one memory."""
+        return (self.trend, self.vram) if memory == "VRAM" else (self.ram_trend, self.ram)
 
 
 def read_nodes(
@@ -124,14 +130,16 @@ def pod_data(pod: PodFacts, nodes: Mapping[str, Node]) -> PodData:
         usage.ram_working_set_bytes,
         devices,
         usage.trend if measured else None,
+        ram_trend=usage.ram_trend,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class LeakFigures:
     """A leak measurement's figures: growth and its lower bound (bytes per hour),
-    the window they cover (seconds), and the projection to the VRAM the pod runs
-    into (``cap`` bytes, reached in ``seconds_left``; None when not projected)."""
+    the window they cover (seconds), and the projection to the limit of the memory
+    the pod runs into (``cap`` bytes, reached in ``seconds_left``; None when not
+    projected)."""
 
     growth: float | None
     low: float | None
@@ -185,19 +193,22 @@ def limit_measure(
 
 
 def leak_measure(key: ViolationKey, d: PodData, lim: BudgetLimits, now: datetime) -> Measure:
-    """The Leak rule (``leak_rule``) on ``d``'s trend features with ``lim``'s
-    thresholds, and the projection of its VRAM to its cap (see ``vram_cap``)."""
+    """The leak rule (``leak_rule``) on the trend features of the memory of
+    ``key``'s kind (Leak: VRAM, RAMLeak: RAM working set) with ``lim``'s
+    thresholds, and the projection of that memory to its cap (VRAM: see
+    ``vram_cap``; RAM: the budget's perPod.ram)."""
     th = lim.leak
     assert th is not None
     limit = int(th.min_growth_bytes_per_hour)
-    trend = d.trend
-    if trend is None or d.vram is None:
+    memory = LEAK_MEMORY[key.kind]
+    trend, current = d.leak_series(memory)
+    if trend is None or current is None:
         return Measure(key, None, limit, None, None, None, None, d)
     holds = leak_holds(trend, th)
     growth, low = leak_growth(trend, th)  # of the rise the verdict rests on
     observed = None if growth is None else max(0, int(growth))
-    cap = vram_cap(lim, d)
-    left = seconds_to_limit(d.vram, cap, growth)
+    cap = vram_cap(lim, d) if memory == "VRAM" else lim.pod_ram
+    left = seconds_to_limit(current, cap, growth)
     projected = None
     if left is not None and th.evict_before_seconds is not None:
         projected = now + timedelta(seconds=max(0.0, left - th.evict_before_seconds))
@@ -306,8 +317,10 @@ def budget_measures(
                     yield Measure(key, used, 0, None, None, None, None, d)
                 else:
                     yield limit_measure(key, used, limit, over, margin, d)
-        if lim.leak is not None and not (quiet and (d.trend is None or d.vram is None)):
-            yield leak_measure(ViolationKey(namespace, name, "Leak", pn), d, lim, now)
+        if lim.leak is not None:
+            for memory in lim.leak.memories:
+                if not (quiet and None in d.leak_series(memory)):
+                    yield leak_measure(ViolationKey(namespace, name, LEAK_KINDS[memory], pn), d, lim, now)
     yield from _total_measures(lim, namespace, name, data)
 
 
@@ -325,7 +338,7 @@ def silent(lim: BudgetLimits, d: PodData) -> bool:
     thr = lim.threshold
     if not (below(d.vram, lim.pod_vram, thr) and below(d.ram, lim.pod_ram, thr)):
         return False
-    if lim.leak is not None and d.trend is not None and d.vram is not None:
+    if lim.leak is not None and any(None not in d.leak_series(m) for m in lim.leak.memories):
         return False
     return all(below(used, lim.device_limit(uuid, usable), thr) for uuid, used, usable in d.devices)
 

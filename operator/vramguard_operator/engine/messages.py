@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
+from vramguard_api.budget import LEAK_MEMORY
 from vramguard_api.steps import Action
 from vramguard_api.units import format_bytes, format_seconds
 from vramguard_api.usage import PodMemoryLimit
@@ -40,9 +41,10 @@ _WHAT = {
 
 def subject(key: ViolationKey) -> str:
     """What a violation is about: ``VRAM on device GPU-1 of pod w0``,
-    ``total RAM of the selected pods``, ``pod w0`` (a leak)."""
-    if key.kind == "Leak":
-        return f"pod {key.pod}"
+    ``total RAM of the selected pods``, ``VRAM of pod w0`` (a leak in VRAM),
+    ``RAM of pod w0`` (a leak in its RAM working set)."""
+    if key.kind in LEAK_MEMORY:
+        return f"{LEAK_MEMORY[key.kind]} of pod {key.pod}"
     what = _WHAT[key.kind]
     if key.pod is None:
         return f"{what} of the selected pods"
@@ -52,7 +54,7 @@ def subject(key: ViolationKey) -> str:
 
 def value(key: ViolationKey, v: int) -> str:
     """A measured value or limit: bytes, or bytes per hour for a leak."""
-    return f"{format_bytes(v)}/h" if key.kind == "Leak" else format_bytes(v)
+    return f"{format_bytes(v)}/h" if key.kind in LEAK_MEMORY else format_bytes(v)
 
 
 def leak_detail(m: Measure) -> str:
@@ -62,7 +64,7 @@ def leak_detail(m: Measure) -> str:
     if f is None:
         return ""
     text = (
-        f"VRAM grows {format_bytes(f.growth)}/h (lower bound {format_bytes(f.low)}/h) over "
+        f"{LEAK_MEMORY.get(m.key.kind, 'VRAM')} grows {format_bytes(f.growth)}/h (lower bound {format_bytes(f.low)}/h) over "
         f"{format_seconds(f.window_seconds)}, threshold {format_bytes(m.limit)}/h"
     )
     if f.seconds_left is not None and f.cap is not None:
@@ -85,9 +87,9 @@ def step_text(
     when given, says it instead), next step and when."""
     key = rec.key
     head = f"budget {budget.namespace}/{budget.name}: "
-    if key.kind == "Leak":
-        detail = leak_detail(m) or f"VRAM grows {value(key, m.observed or 0)}, threshold {value(key, m.limit)}"
-        head += f"{subject(key)} leaks: {detail}."
+    if key.kind in LEAK_MEMORY:
+        detail = leak_detail(m) or f"{LEAK_MEMORY[key.kind]} grows {value(key, m.observed or 0)}, threshold {value(key, m.limit)}"
+        head += f"pod {key.pod} leaks: {detail}."  # the detail names the memory
     else:
         head += (
             f"{subject(key)} is {format_bytes(m.observed)}, above its {key.kind} limit "
@@ -212,7 +214,7 @@ def pod_message(records: Iterable[ViolationRecord], ladder_of: Callable[[Violati
     values, since, the last step and the next one with its time."""
     lines = []
     for r in sorted(records, key=lambda r: (r.key.budget, r.key.kind, r.key.device or "")):
-        unit = "/h" if r.key.kind == "Leak" else ""
+        unit = "/h" if r.key.kind in LEAK_MEMORY else ""
         text = f"budget {r.key.budget}: {r.key.label()}"
         if r.observed_bytes is not None and r.limit_bytes is not None:
             text += f" {format_bytes(r.observed_bytes)}{unit} > {format_bytes(r.limit_bytes)}{unit}"

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from vramguard_api import conditions as C
 from vramguard_api.budget import (
+    LEAK_MEMORY,
     Action,
     BudgetUsage,
     GPUMemoryBudget,
@@ -59,7 +60,7 @@ def budget_status(
     prev = budget.status or GPUMemoryBudgetStatus()
     records = sorted(facts.records, key=status_order)
     opened = [r for r in records if r.opened_at is not None]
-    leaks = sum(1 for r in opened if r.key.kind == "Leak")
+    leaks = sum(1 for r in opened if r.key.kind in LEAK_MEMORY)
     vio_msg = "; ".join(
         f"{r.key.label()} {r.key.pod or 'total'} ({'would ' if r.dry_run else ''}{r.step or 'open'})"
         for r in opened[:20]

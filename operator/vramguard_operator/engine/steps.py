@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from vramguard_api.budget import LEAK_MEMORY
 from vramguard_api.steps import Action
 from vramguard_operator.engine import cap_steps
 from vramguard_operator.engine import ladder as lad
@@ -102,7 +103,7 @@ def _annotate(w: BudgetWork, f: Fire, d: PodData, rung: lad.LadderStep) -> None:
 
 
 def _annotate_reason(key: ViolationKey) -> str:
-    return EVENT_LEAK_DETECTED if key.kind == "Leak" else EVENT_LIMIT_EXCEEDED
+    return EVENT_LEAK_DETECTED if key.kind in LEAK_MEMORY else EVENT_LIMIT_EXCEEDED
 
 
 def _targets(w: BudgetWork, action: Action, m: Measure) -> list[PodData]:

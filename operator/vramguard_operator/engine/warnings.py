@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from vramguard_api.budget import LimitWarning
+from vramguard_api.budget import LEAK_MEMORY, LimitWarning
 from vramguard_operator.engine.keys import ViolationKey
 from vramguard_operator.engine.measure import Measure
 
@@ -42,7 +42,7 @@ def above_threshold(
     """``m`` as a warning when its value is at the threshold or above (at
     ``threshold − margin`` or above for a limit already warned about); None
     otherwise, for a leak, or for an unknown value."""
-    if m.key.kind == "Leak" or m.observed is None or m.limit <= 0:
+    if m.key.kind in LEAK_MEMORY or m.observed is None or m.limit <= 0:
         return None
     old = prev.get((m.key.kind, m.key.pod, m.key.device))
     floor = threshold if old is None else threshold - margin

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.steps import Action
 from vramguard_operator.engine.caps import LimitsWant
 from vramguard_operator.engine.inputs import EngineConfig, PodFacts
@@ -145,7 +145,7 @@ class BudgetWork:
 
     def ladder_for(self, key: ViolationKey) -> Ladder:
         """The ladder a violation follows (a leak's may have an extra Evict rung)."""
-        return self.leak_ladder if key.kind == "Leak" else self.ladder
+        return self.leak_ladder if key.kind in LEAK_MEMORY else self.ladder
 
     # -- pods' records
 

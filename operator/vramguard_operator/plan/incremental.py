@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from vramguard_api import conditions as C
-from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_operator.engine.types import (
     EngineConfig,
     EngineInput,
@@ -394,4 +394,4 @@ def _projects_eviction(budget: GPUMemoryBudget, status: GPUMemoryBudgetStatus) -
     ld = budget.spec.leak_detection
     if ld is None or not ld.enabled or getattr(ld, "evict_before", None) is None:
         return False
-    return any(v.kind == "Leak" and v.opened_at is not None for v in status.violations or ())
+    return any(v.kind in LEAK_MEMORY and v.opened_at is not None for v in status.violations or ())

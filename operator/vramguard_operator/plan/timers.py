@@ -22,7 +22,7 @@ import math
 from collections.abc import Hashable, Iterable
 from datetime import datetime, timedelta
 
-from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudget, GPUMemoryBudgetStatus
 
 _SECOND = timedelta(seconds=1)
 
@@ -43,7 +43,7 @@ def next_step_due(budget: GPUMemoryBudget, status: GPUMemoryBudgetStatus | None,
     times = []
     for v in status.violations:
         if v.opened_at is None:
-            times.append(v.since + timedelta(seconds=0.0 if v.kind == "Leak" else tolerance))
+            times.append(v.since + timedelta(seconds=0.0 if v.kind in LEAK_MEMORY else tolerance))
         elif v.next_step_time is not None:
             times.append(v.next_step_time)
     later = [ceil_second(t) for t in times if ceil_second(t) > now]

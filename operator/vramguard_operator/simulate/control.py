@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
+from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.policy import EvictionRateLimit
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.outputs import DevicePressureReport
@@ -257,7 +257,7 @@ class Vramguard:
             return pod.held()
         if kind == "PodRAM":
             return pod.spec.ram_bytes
-        if kind == "Leak":
+        if kind in LEAK_MEMORY:
             assert pod.gpu is not None
             return pod.spec.shape.growth_bytes_per_hour(pod.replica.progress_s, pod.gpu.share_bytes) * pod.speed
         members = [p for p in self.triggers.budget_pods.get((d.budget.namespace, d.budget.name), ())

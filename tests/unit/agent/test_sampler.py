@@ -263,3 +263,35 @@ def test_pods_on_a_lost_device_are_unknown_not_a_partial_sum(tmp_path):
     assert {d.uuid: d.used_bytes for d in by_name["wide"].devices}[lost.uuid] is None
     now[0] = 150.0  # the device is back: measured again
     assert pods()["wide"] == ("Measured", 5 * GIB)
+
+
+def test_ram_history_gives_a_loader_whose_working_set_grows_a_ram_leak_and_page_cache_none(tmp_path):
+    """The same detector on the cgroup's working set: RSS growing 1Gi/h is a RAM
+    leak with flat VRAM; page cache growing as fast is not working set."""
+    loader = {"name": "loader", "ram": {"linear": {"start": "2Gi", "perHour": "1Gi"}},
+              "processes": [{"gpu": 0, "memory": "8Gi"}]}
+    reader = {"name": "reader", "ram": "2Gi", "pageCache": {"linear": {"start": "1Gi", "perHour": "1Gi"}},
+              "processes": [{"gpu": 1, "memory": "8Gi"}]}
+    node = {**NODE, "pods": [{"namespace": "ml", "name": "loader", "containers": [loader]},
+                             {"namespace": "ml", "name": "reader", "containers": [reader]}]}
+    now = [0.0]
+    backend = SimBackend(Scenario.model_validate({"nodes": [node]}).node("n1"), host_root=tmp_path, clock=lambda: now[0])
+    sampler = Sampler(
+        backend,
+        proc_root=tmp_path / "proc",
+        memory=CgroupMemoryReader(tmp_path / "cgroup", refresh_s=0.0),
+        history=HistoryStore(trend_interval_s=0.0),
+        ram_history=HistoryStore(trend_interval_s=0.0),
+        pods=backend.pod_metas,
+        wall_clock=lambda: 1_700_000_000 + now[0],
+    )
+    for step in range(90):  # an hour and a half, a sample a minute
+        now[0] = step * 60.0
+        result = sampler.sample()
+    pods = {p.name: p for p in result.status.pods}
+    loader_ram, loader_vram = pods["loader"].ram_trend, pods["loader"].trend
+    assert loader_ram is not None and loader_ram.leak is True
+    assert loader_ram.growth_bytes_per_hour == pytest.approx(GIB, rel=0.05)
+    assert loader_vram is not None and loader_vram.leak is False
+    reader_ram = pods["reader"].ram_trend
+    assert reader_ram is not None and reader_ram.leak is False and reader_ram.growth_bytes_per_hour < 16 * MIB

@@ -223,9 +223,10 @@ def test_every_quantity_and_duration_in_the_crds_has_its_bound_rules():
                 assert node["maximum"] == MAX_BYTES, f"{kind}{path}"
             if "Seconds" in path.rsplit(".", 1)[-1] and kind == "NodeGPUUsage":
                 assert node["maximum"] <= 2**63 / 1e9, f"{kind}{path}"
-    # budgets: 5 limits, minGrowthPerHour, cpuLimit, the Cap step's hardLimit; policies: 3 defaults, 5 ceilings;
-    # durations: a step's after, tolerance.duration, leakDetection.minWindow, .minEvidence, .evictBefore
-    assert seen == {"quantity": 8 + 8, "duration": 5}
+    # budgets: 5 limits, minGrowthPerHour, cpuLimit, the Cap step's hardLimit; policies: 3 defaults, 5 ceilings,
+    # diagnosis.minSwap; durations: a step's after, tolerance.duration, leakDetection.minWindow, .minEvidence,
+    # .evictBefore, the policy's diagnosis.idleFor
+    assert seen == {"quantity": 8 + 9, "duration": 6}
 
 
 def test_the_descriptions_state_the_bounds():

@@ -109,3 +109,17 @@ def test_device_limit_bytes_for_fraction():
     b = GPUMemoryBudget.model_validate(budget_with("spec.limits.perDevice", {"fraction": 0.25}))
     assert b.spec.limits.per_device.bytes_for(80 * 2**30) == 20 * 2**30
     assert b.spec.limits.per_device.bytes_for(None) is None
+
+
+def test_leak_detection_watches_vram_by_default_ram_on_request_and_each_memory_once():
+    from vramguard_api.budget import LeakDetection
+
+    assert LeakDetection().memories == ["VRAM"]
+    assert LeakDetection.model_validate({"memories": ["RAM", "VRAM"]}).memories == ["RAM", "VRAM"]
+    for bad, words in ((["RAM", "RAM"], "duplicate memory"), ([], "at least 1"), (["Swap"], "'VRAM' or 'RAM'")):
+        with pytest.raises(ValueError, match=words):
+            LeakDetection.model_validate({"memories": bad})
+    # one instance's list is not another's
+    a = LeakDetection()
+    a.memories.append("RAM")
+    assert LeakDetection().memories == ["VRAM"]

@@ -124,3 +124,30 @@ def test_features_without_an_onset_are_no_leak():
     b = budget(per_pod={"vram": "16Gi"}, leak=LEAK)
     events, _, _ = simulate([b], [pod("w0")], [(0, {"w0": vram(8, trend=features)})])
     assert events == []
+
+
+def test_a_ram_leak_is_watched_when_the_budget_names_ram_and_named_as_ram():
+    # VRAM flat, RAM working set rising: a data-loader leak, not a VRAM one
+    usage = vram(8, trend=trend(0), ramWorkingSetBytes=20 * GI, ramTrend=trend(500))
+    timeline = [(t, {"w0": usage}) for t in range(0, 301, 60)]
+    vram_only = budget(per_pod={"vram": "16Gi", "ram": "32Gi"}, leak=LEAK)
+    events, _, _ = simulate([vram_only], [pod("w0")], timeline)
+    assert ladder_steps(events) == []  # the default watches VRAM only
+    ram = budget(per_pod={"vram": "16Gi", "ram": "32Gi"}, leak={**LEAK, "memories": ["RAM"]})
+    events, budgets, _ = simulate([ram], [pod("w0")], timeline)
+    first = events[0][1]
+    assert first.violation.kind == "RAMLeak" and first.event.reason == "LeakDetected"
+    assert "RAM grows 500Mi/h" in first.event.message and "VRAM" not in first.event.message
+    assert "projected to reach 32Gi" in first.event.message  # perPod.ram is the RAM leak's cap
+    assert [v.kind for v in budgets[0].status.violations] == ["RAMLeak"]
+
+
+def test_both_memories_watched_open_one_violation_each_with_the_same_thresholds():
+    usage = leaking(8, 500) | {"ramWorkingSetBytes": 20 * GI, "ramTrend": trend(150)}
+    timeline = [(t, {"w0": usage}) for t in range(0, 301, 60)]
+    both = budget(per_pod={"vram": "16Gi"}, leak={**LEAK, "memories": ["VRAM", "RAM"]})
+    _, budgets, _ = simulate([both], [pod("w0")], timeline)
+    assert [v.kind for v in budgets[0].status.violations] == ["Leak"]  # RAM at 150Mi/h is under 200Mi/h
+    usage["ramTrend"] = trend(400)
+    _, budgets, _ = simulate([both], [pod("w0")], timeline)
+    assert sorted(v.kind for v in budgets[0].status.violations) == ["Leak", "RAMLeak"]

@@ -27,7 +27,8 @@ LEAK_KEY = ViolationKey("ml", "train", "Leak", "w0")
         (ViolationKey("ml", "train", "DeviceVRAM", "w0", "GPU-1"), "VRAM on device GPU-1 of pod w0"),
         (ViolationKey("ml", "train", "TotalVRAM"), "total VRAM of the selected pods"),
         (ViolationKey("ml", "train", "TotalRAM"), "total RAM of the selected pods"),
-        (LEAK_KEY, "pod w0"),
+        (LEAK_KEY, "VRAM of pod w0"),
+        (ViolationKey("ml", "train", "RAMLeak", "w0"), "RAM of pod w0"),
     ],
 )
 def test_subjects(key, subject):
@@ -70,6 +71,13 @@ def test_leak_text_gives_growth_window_threshold_and_projection():
         "projected to reach 16Gi in 1h2m. Annotated. Next: Evict at 2024-05-01T10:30:00Z."
     )
     assert "projected" not in msg.leak_detail(leak_measure(None))
+    ram_key = ViolationKey("ml", "train", "RAMLeak", "w0")
+    ram = Measure(ram_key, GI, 200 * MI, True, True, False, False, None, LeakFigures(GI, 900 * MI, 5400.9, None, None))
+    ram_text = msg.step_text(B, ViolationRecord(ram_key, "uid-b", at(0), opened_at=at(0)), ram, None, None, "Annotate")
+    assert ram_text.startswith("budget ml/train: pod w0 leaks: RAM grows 1Gi/h (lower bound 900Mi/h)")
+    assert msg.recovered_text(B, ram_key, 10 * MI, 200 * MI, "GrowthStopped").startswith(
+        "budget ml/train: RAM of pod w0 back to 10Mi/h (limit 200Mi/h)"
+    )
     # no figures (unknown data): no detail, so the status says why instead
     assert msg.leak_detail(Measure(LEAK_KEY, None, 200 * MI, None, None, None, None)) == ""
 

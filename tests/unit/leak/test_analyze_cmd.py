@@ -71,6 +71,7 @@ def test_plain_csv_leak_with_limit(capsys):
         "verdict",
         "reason",
         "detail",
+        "memory",
         "leak",
         "growth_bytes_per_hour",
         "growth_low_bytes_per_hour",

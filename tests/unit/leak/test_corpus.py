@@ -21,6 +21,8 @@ from vramguard_api.leak import DEFAULT_MIN_EVIDENCE_SECONDS, detect_leak
 ROOT = Path(__file__).resolve().parents[3]
 MINUTE = 60.0
 KINDS_LEAK = {
+    "ram-loader-cow",  # host RAM working sets (issue 30), judged by the same detector
+    "ram-pinned-leak",
     "sawtooth-slow-leak",
     "linear",
     "fast",
@@ -37,6 +39,8 @@ KINDS_LEAK = {
     "long-step-leak",
 }
 KINDS_NO_LEAK = {
+    "ram-cache-plateau",
+    "ram-page-cache",
     "aliased-sawtooth",
     "eval-spikes",
     "allocator-warmup",
@@ -60,8 +64,14 @@ BURSTS = "bursts lift the floor for minutes at a time: found after 47 minutes"
 GAPPY_STEPS = "two step-ups 10-40 minutes apart (some in a logger gap) read as a ramp by the slow path"
 SHORT_LIVES = ("its first life (33 minutes at 14.6 GiB/h, sampled every 30 s) meets its limit before the "
                "rise from the process's start has lasted START_SECONDS; found on its second life, after 53 minutes")
+# Host RAM (issue 30): a fill or a promotion that climbs steadily for longer than minWindow
+# is a leak by the detector's rules, whatever stops it later (docs/leak-detection.md, "RAM").
+CACHE_PLATEAU = "a cache of 9-10 GiB filling with a time constant of 10-17 min rises for over 30 min first"
+ACTIVE_FILE = "active file pages promoted for an hour (2-2.6 GiB) read as a rise before the kernel drops them"
 KNOWN_FALSE_ALARMS = {"cache-fill-1.csv": TWO_STEPS, "gappy-steps-0.csv": GAPPY_STEPS,
-                      "gappy-steps-2.csv": GAPPY_STEPS, "gappy-steps-3.csv": GAPPY_STEPS}
+                      "gappy-steps-2.csv": GAPPY_STEPS, "gappy-steps-3.csv": GAPPY_STEPS,
+                      "ram-cache-plateau-0.csv": CACHE_PLATEAU, "ram-cache-plateau-3.csv": CACHE_PLATEAU,
+                      "ram-page-cache-2.csv": ACTIVE_FILE, "ram-page-cache-3.csv": ACTIVE_FILE}
 KNOWN_LATE = {"bursty-fast-0.csv": BURSTS, "short-lives-3.csv": SHORT_LIVES}
 
 

@@ -91,6 +91,7 @@ def test_usage_ratio_and_leak_series_follow_warnings_and_violations():
             "violations": [
                 {"kind": "TotalVRAM", "observedBytes": 300, "limitBytes": 200, "since": T0.isoformat(), "openedAt": T0.isoformat()},
                 {"kind": "Leak", "pod": "b", "observedBytes": 10, "limitBytes": 1, "since": T0.isoformat(), "openedAt": T0.isoformat()},
+                {"kind": "RAMLeak", "pod": "c", "observedBytes": 10, "limitBytes": 1, "since": T0.isoformat(), "openedAt": T0.isoformat()},
             ],
         }
     )
@@ -99,7 +100,9 @@ def test_usage_ratio_and_leak_series_follow_warnings_and_violations():
     assert get("vramguard_budget_usage_ratio", {**ratio, "pod": "a", "resource": "PodVRAM"}) == 0.9
     assert get("vramguard_budget_usage_ratio", {**ratio, "pod": "", "resource": "TotalVRAM"}) == 1.5
     assert get("vramguard_budget_usage_ratio", {**ratio, "pod": "b", "resource": "Leak"}) is None  # not a ratio
-    assert get("vramguard_leak_suspected", {**ratio, "pod": "b"}) == 1
+    assert get("vramguard_leak_suspected", {**ratio, "pod": "b", "memory": "VRAM"}) == 1
+    assert get("vramguard_leak_suspected", {**ratio, "pod": "c", "memory": "RAM"}) == 1
+    assert get("vramguard_leak_suspected", {**ratio, "pod": "c", "memory": "VRAM"}) is None
     m.forget_budgets(keep=[], namespaces=["ml"])
     assert b"vramguard_budget_usage_ratio{" not in generate_latest(reg)
     assert b"vramguard_leak_suspected{" not in generate_latest(reg)

@@ -256,13 +256,28 @@ def test_render_columns_namespace_and_wide():
                     now=NOW)
     rows, notes = build_rows(snap)
     lines = render(rows, notes).splitlines()
-    assert lines[0].split() == ["POD", "NODE", "VRAM", "DEVICES", "RAM", "LIMIT", "SOURCE", "USE", "TREND", "STATE"]
+    assert lines[0].split() == [
+        "POD", "NODE", "VRAM", "DEVICES", "RAM", "LIMIT", "SOURCE", "USE", "TREND", "STATE", "DIAGNOSIS"
+    ]
     assert lines[1].split() == ["w0", "n1", "24Gi", "gpu0:24Gi", "3Gi", "pod", "20Gi", "gmb/train", "120%", "flat",
-                                "warning"]
+                                "warning", "VRAMShort"]
     assert render(rows, all_namespaces=True).splitlines()[1].startswith("ml ")
     wide = render(rows, wide=True).splitlines()
     assert wide[0].split()[-5:] == ["LIMITS", "CAPS", "LAST", "OOM", "WHY"] and "pod 20Gi (gmb/train)" in wide[1]
     assert json.loads(json.dumps(rows_json(rows)))[0]["limits"][0]["ratio"] == pytest.approx(1.2)
+
+
+def test_the_diagnosis_column_names_which_memory_is_the_problem():
+    ram_leak = usage("loader", 8 * GI, ram=20 * GI, devices={GPU0: 8 * GI}, growth=0.0, leak=False)
+    ram_leak["ramTrend"] = {"windowSeconds": 3600, "samples": 60, "growthBytesPerHour": GI, "leak": True}
+    pods = {"calm": usage("calm", 8 * GI, ram=2 * GI, devices={GPU0: 8 * GI}), "loader": ram_leak,
+            "short": usage("short", 8 * GI, ram=30 * GI, devices={GPU0: 8 * GI}), "unknown": usage("unknown", None)}
+    snap = Snapshot(pods=[pod(n, labels={"app": "train"}) for n in pods],
+                    budgets=[budget("train", {"perPod": {"vram": "20Gi", "ram": "32Gi"}})],
+                    reports=[report(list(pods.values()))], now=NOW)
+    rows, _ = build_rows(snap)
+    assert {r.pod: r.diagnosis for r in rows} == {"calm": "OK", "loader": "RAMLeak", "short": "RAMShort", "unknown": None}
+    assert {d["pod"]: d["diagnosis"] for d in rows_json(rows)}["loader"] == "RAMLeak"
 
 
 @pytest.mark.parametrize(

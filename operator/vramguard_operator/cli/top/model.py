@@ -109,6 +109,7 @@ class Row:
     stale: bool
     caps: tuple[CapFigure, ...] = ()
     last_oom: str | None = None  # the pod's latest OOM record: kind and age (vramguard oom has the verdict)
+    diagnosis: str | None = None  # engine.diagnosis at the policy defaults; None: nothing known
 
     @property
     def binding(self) -> Limit | None:

@@ -37,7 +37,7 @@ def _devices_text(devices: Sequence[DeviceFigure], most: int = 3) -> str:
 
 def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) -> list[list[str]]:
     """The cells of the table, header first."""
-    header = ["POD", "NODE", "VRAM", "DEVICES", "RAM", "LIMIT", "SOURCE", "USE", "TREND", "STATE"]
+    header = ["POD", "NODE", "VRAM", "DEVICES", "RAM", "LIMIT", "SOURCE", "USE", "TREND", "STATE", "DIAGNOSIS"]
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     if wide:
@@ -57,6 +57,7 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
             f"{r.pressure:.0%}" if r.pressure is not None else "-",
             trend_text(r.growth_bytes_per_hour),
             r.state,
+            r.diagnosis or "-",
         ]
         if all_namespaces:
             cells.insert(0, r.namespace)

@@ -9,7 +9,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from vramguard_api.budget import DEFAULT_WARNING_THRESHOLD
+from vramguard_api.budget import DEFAULT_WARNING_THRESHOLD, LEAK_MEMORY
+from vramguard_api.diagnosis import DiagnosisThresholds
 from vramguard_api.ends import ends_of
 from vramguard_api.oom import MEMORY_KINDS
 from vramguard_api.units import format_bytes, format_seconds
@@ -25,6 +26,7 @@ from vramguard_operator.cli.top.limits import (
     parse_reports,
 )
 from vramguard_operator.cli.top.model import STATES, DeviceFigure, Limit, Row, Snapshot
+from vramguard_operator.engine.diagnosis import PodMeasures, diagnose
 from vramguard_operator.engine.oom import finding
 from vramguard_operator.engine.records import records_from_annotation
 from vramguard_operator.engine.types import ANNOTATION_ORIGINAL_CPU, ANNOTATION_VIOLATIONS
@@ -46,7 +48,7 @@ def _recorded(annotations: Mapping[str, str], ns: str, name: str) -> tuple[Reaso
             if r.opened_at is None:
                 continue
             recorded.add((r.key.budget, r.key.kind, r.key.device))
-            found.add("leak" if r.key.kind == "Leak" else "violating")
+            found.add("leak" if r.key.kind in LEAK_MEMORY else "violating")
             why.append(f"{r.key.kind} (budget {r.key.budget}): {r.step or 'open'}")
     return (found, why), recorded
 
@@ -69,7 +71,7 @@ def _from_statuses(
                 found.add("warning")
                 why.append(f"{v.kind} (budget {b.name}): pending, within the tolerance")
             else:
-                found.add("leak" if v.kind == "Leak" else "violating")
+                found.add("leak" if v.kind in LEAK_MEMORY else "violating")
                 mode = " (dry run)" if v.dry_run or status.effective_mode == "DryRun" else ""
                 why.append(f"{v.kind} (budget {b.name}): {v.step or 'open'}{mode}")
         for w in status.warnings or ():
@@ -180,7 +182,39 @@ def _row(
         pressure=max(ratios) if ratios else None,
         stale=node not in fresh_nodes,
         caps=caps,
+        diagnosis=_diagnosis(u, limits),
     )
+
+
+def _diagnosis(u: UsageView | None, limits: Sequence[Limit]) -> str | None:
+    """The pod's diagnosis (``engine.diagnosis``) from its report and its lowest
+    per-pod VRAM and RAM limits, at the policy's default thresholds; the leaks
+    are the agent's verdicts at the default leak thresholds."""
+    if u is None:
+        return None
+    p = u.pod
+
+    def lowest(name: str) -> int | None:
+        return min((lim.limit_bytes for lim in limits if lim.name == name), default=None)
+
+    devices = []
+    for d in p.devices:
+        gpu = u.devices.get(d.uuid)
+        devices.append((d.used_bytes, gpu.memory.usable_bytes if gpu is not None and gpu.memory else None))
+    measures = PodMeasures(
+        vram_bytes=p.vram_bytes,
+        vram_limit_bytes=lowest("pod"),
+        devices=tuple(devices),
+        ram_bytes=p.ram_working_set_bytes,
+        ram_limit_bytes=lowest("ram"),
+        vram_leak=p.trend.leak if p.trend is not None else None,
+        ram_leak=p.ram_trend.leak if p.ram_trend is not None else None,
+    )
+    found = diagnose(measures, _DEFAULTS)
+    return None if found is None else found.diagnosis
+
+
+_DEFAULTS = DiagnosisThresholds()
 
 
 def build_rows(snap: Snapshot) -> tuple[list[Row], list[str]]:

@@ -61,6 +61,7 @@ def test_records_within_the_bound_are_read_and_a_deleted_budgets_close():
 
 
 def test_the_bound_covers_every_record_one_budget_can_write():
-    # one per kind but DeviceVRAM, and a DeviceVRAM record per device of the report's bound
-    assert RECORDS_PER_BUDGET == 5 + 64
+    # one per kind but DeviceVRAM (the per-pod and total VRAM and RAM, Leak, RAMLeak), and a
+    # DeviceVRAM record per device of the report's bound
+    assert RECORDS_PER_BUDGET == 6 + 64
     assert records_bound(0) == 2 * RECORDS_PER_BUDGET

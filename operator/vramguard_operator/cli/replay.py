@@ -81,7 +81,8 @@ class ReplayEvent:
         }
 
 
-STEPS: tuple[str, ...] = get_args(DecisionAction)
+# DecisionAction is Literal["Warn", "Recover"] | Action (a StrEnum): each part's values
+STEPS: tuple[str, ...] = tuple(str(v) for part in get_args(DecisionAction) for v in (get_args(part) or part))
 MAX_T_SECONDS = 10 * 365 * 86400.0
 
 

@@ -17,7 +17,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vramguard_operator.controller import dra_versions, watches
-from vramguard_operator.plan.allocation_entries import DRA_GROUP, DRA_VERSION
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.applier import Applier
 from vramguard_operator.controller.events import EventRecorder
@@ -29,6 +28,7 @@ from vramguard_operator.controller.reconcile import Reconciler
 from vramguard_operator.controller.settings import OperatorSettings
 from vramguard_operator.controller.shards import ShardConfig, ShardManager, shard_of
 from vramguard_operator.controller.status_writer import StatusWriter
+from vramguard_operator.plan.allocation_entries import DRA_GROUP, DRA_VERSION
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 
 log = logging.getLogger("vramguard.operator")

@@ -32,11 +32,11 @@ from vramguard_api import GROUP, REPORTS, VERSION
 from vramguard_api.ends import ACK_ANNOTATION, EndRecord, acknowledged_id
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.events import EventRecorder, budget_object, pod_object
-from vramguard_operator.plan.entries import Versioned
 from vramguard_operator.controller.kubeapi import API_ERRORS, NETWORK_ERRORS, api_error_text
 from vramguard_operator.engine.keys import BudgetRef, PodRef
 from vramguard_operator.engine.oom import Finding, budget_event, finding, pod_event
 from vramguard_operator.engine.selectors import compile_selector
+from vramguard_operator.plan.entries import Versioned
 from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.pressure import device_shares
 

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from vramguard_operator.plan.allocation_entries import slice_entry
 from vramguard_operator.controller.dra_versions import describe, pick_version
+from vramguard_operator.plan.allocation_entries import slice_entry
 from vramguard_operator.policy.dra import claim_grants
 
 from ..policy.dra_builders import claim, claim_pod, gpu, resource_slice, result

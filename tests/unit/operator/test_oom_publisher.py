@@ -15,9 +15,9 @@ from tests.unit.agent.stubapi import StubAPI, status_body
 from vramguard_api.ends import ACK_ANNOTATION
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.events import EventRecorder
-from vramguard_operator.plan.entries import budget_entry, report_entry
-from vramguard_operator.plan.changes import Change
 from vramguard_operator.controller.oom import OOMPublisher, oom_counter
+from vramguard_operator.plan.changes import Change
+from vramguard_operator.plan.entries import budget_entry, report_entry
 
 GIB = 1 << 30
 DEV = "GPU-00000000-0000-0000-0000-000000000000"

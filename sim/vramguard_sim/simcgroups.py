@@ -7,7 +7,7 @@ agent names them (``caps.NVML_CGROUP_ROOT``). ``cgroup_namespaces`` maps each
 pod cgroup's nameSpace to the pod's owner on the simulated devices
 (``simgpu.owner_of``) and each process to its container cgroup (the fake's
 ``pid_cgroups``, for ``currentUsed``); ``device_limits`` turns what the fake
-holds into what the devices enforce (``vramguard_api.gpumem``: an allocation
+holds into what the devices enforce (``vramguard_sim.gpumem``: an allocation
 above the pod's hard limit fails in that pod only; under pressure the pod
 furthest above its soft limit is evicted first). A real driver keeps its limits
 when the agent restarts; the simulation does with ``DriverState``.

@@ -1,7 +1,7 @@
 """A simulated GPU driver that real processes use (docs/real-node.md, "The simulated GPU").
 
 The real node has no GPU, so this daemon plays the kernel driver: it holds the
-node's devices (``vramguard_api.gpumem.Device``, the memory semantics the
+node's devices (``vramguard_sim.gpumem.Device``, the memory semantics the
 simulated backend and the fleet simulation share) and serves a Unix stream
 socket that pods mount from the host, as a CUDA program's container gets
 ``/dev/nvidia*``. A workload (``hack/cluster/simcuda``) connects, opens a
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from vramguard_agent.cgroups import attribute_pid
-from vramguard_api.gpumem import Device, OOMKill
 from vramguard_api.units import format_bytes
+from vramguard_sim.gpumem import Device, OOMKill
 
 from .scenario import SimGPU
 from .simbackend import gpu_uuid

@@ -1,7 +1,7 @@
 """The scenario's processes on simulated devices: what they want, what they get.
 
 A scenario's memory profiles say what each process *wants*; the node's devices
-(``vramguard_api.gpumem.Device``, one per GPU or MIG device) decide what it
+(``vramguard_sim.gpumem.Device``, one per GPU or MIG device) decide what it
 *gets*, as a driver does: at each sample every running process moves to its
 wanted size, shrinking processes first (freed memory is free at once), then
 growing ones in pid order; an allocation that does not fit in the device's free
@@ -23,7 +23,7 @@ OOM (the agent writes only its node's report, never Events).
 Per-cgroup memory limits: a process's owner on its device is its pod
 (``owner_of``: ``namespace/name``), and ``set_limits`` gives each device the
 limits the (fake) driver holds per pod, which the device enforces
-(``vramguard_api.gpumem``): an allocation above the pod's hard limit fails in
+(``vramguard_sim.gpumem``): an allocation above the pod's hard limit fails in
 that pod only; when a device runs out, the pod furthest above its soft limit
 is evicted first. A process evicted for another's allocation takes its own
 container down, like any out-of-memory kill.
@@ -39,9 +39,9 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT, Device, OOMKill
 from vramguard_api.kubelet import consecutive_failures, crash_loop_backoff, restarts_after_failure
 from vramguard_api.units import format_bytes
+from vramguard_sim.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT, Device, OOMKill
 
 from .scenario import SimNode, SimPod, SimProcess
 

@@ -25,9 +25,9 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from vramguard_api.units import format_bytes
-from vramguard_operator.simulate.policyfile import load_policy
-from vramguard_operator.simulate.results import Comparison, RunFigures
-from vramguard_operator.simulate.run import SimulationConfig, compare
+from vramguard_sim.simulate.policyfile import load_policy
+from vramguard_sim.simulate.results import Comparison, RunFigures
+from vramguard_sim.simulate.run import SimulationConfig, compare
 
 from .recorder import BenchRecorder
 

@@ -1,5 +1,5 @@
 """The product's distribution (pyproject.toml) packages no simulator; the simulators'
-(sim/pyproject.toml) packages only them and registers their backends.
+(sim/pyproject.toml) packages only them and registers their backends and ``vramguard simulate``.
 
 What setuptools packages is what ``[tool.setuptools.packages.find]`` finds: the
 same call here (``find_packages`` over the ``where`` roots, with ``include``)."""
@@ -29,10 +29,20 @@ def test_the_products_wheel_holds_its_three_packages_and_no_simulator():
     modules = {f.stem for root in ("api", "operator", "agent") for f in (ROOT / root).rglob("*.py")}
     lab = {f.stem for f in (ROOT / "sim" / "vramguard_sim").glob("*.py")} - {"__init__", "__main__", "cli"}
     assert not modules & lab, f"simulator modules in the product: {sorted(modules & lab)}"
+    # the fleet simulation and the GPU memory semantics it and the simulated GPU share
+    assert not {p for p in packages if p.split(".")[-1] == "simulate"}, "the fleet simulation is in the product"
+    assert "gpumem" not in modules and "simulate" not in modules
+
+
+def test_the_fleet_simulation_is_the_simulators_and_registers_vramguard_simulate():
+    assert (ROOT / "sim" / "vramguard_sim" / "simulate" / "command.py").is_file()
+    assert (ROOT / "sim" / "vramguard_sim" / "gpumem.py").is_file()
+    project = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["vramguard.commands"] == {"simulate": "vramguard_sim.simulate.command"}
 
 
 def test_the_simulators_wheel_holds_only_them_and_registers_the_backends():
-    assert packaged(ROOT / "sim") == {"vramguard_sim"}
+    assert packaged(ROOT / "sim") == {"vramguard_sim", "vramguard_sim.simulate"}
     project = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text())["project"]
     assert set(project["entry-points"]["vramguard.agent_backends"]) == {"sim", "simdriver"}
     product = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

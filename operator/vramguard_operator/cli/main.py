@@ -6,13 +6,22 @@ from one table each (``controller.settings`` and ``top``); ``analyze``,
 ``run(args)``) and are passed their command line as it is. Nothing here
 imports kopf or the Kubernetes client: ``vramguard analyze``, ``replay`` and
 ``simulate`` work without either and without a cluster.
+
+``simulate`` is not the product's: the fleet simulation ships in the
+vramguard-sim distribution (``pip install 'vramguard[sim]'``), which registers
+its module under the entry point group ``vramguard.commands``; the command is
+found there when run, as the agent finds its simulated backends
+(``vramguard_agent.backends``), and without it says what to install.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from importlib.metadata import entry_points
+from types import ModuleType
 
 import click
 
@@ -24,15 +33,40 @@ from vramguard_operator.cli.top.command import top_command
 ARGPARSE_SUBCOMMANDS = {
     "analyze": ("vramguard_operator.cli.analyze", "say whether a VRAM log shows a leak"),
     "replay": ("vramguard_operator.cli.replay", "replay recorded usage against a budget offline"),
-    "simulate": ("vramguard_operator.cli.simulate", "simulate a GPU fleet with vramguard off and on"),
     "oom": ("vramguard_operator.cli.oom", "list recent OOM kills on GPU nodes with their kind, verdict and blame"),
 }
 
+# Subcommands other distributions provide: entry point group, name -> (help, install hint).
+# Their modules have the same two functions as ARGPARSE_SUBCOMMANDS'.
+COMMANDS_GROUP = "vramguard.commands"
+PLUGIN_SUBCOMMANDS = {
+    "simulate": (
+        "simulate a GPU fleet with vramguard off and on",
+        "the fleet simulation comes with pip install 'vramguard[sim]' (a checkout: pip install ./sim)",
+    ),
+}
 
-def argparse_command(name: str, module_name: str, help_text: str) -> click.Command:
+
+class CommandNotInstalled(Exception):
+    """No installed distribution registers the subcommand run."""
+
+
+def plugin_module(name: str, hint: str) -> ModuleType:
+    """The module registered as ``name`` in ``vramguard.commands``. Raises
+    ``CommandNotInstalled`` (one line: the command, what to install) when none is."""
+    for ep in entry_points(group=COMMANDS_GROUP, name=name):
+        module = ep.load()
+        if not isinstance(module, ModuleType):
+            raise TypeError(f"entry point {COMMANDS_GROUP}:{name} ({ep.value}) is not a module")
+        return module
+    raise CommandNotInstalled(f"vramguard {name}: not installed; {hint}")
+
+
+def argparse_command(name: str, load: Callable[[], ModuleType], help_text: str) -> click.Command:
     """A click command that hands its whole command line (``--help`` included)
-    to the argparse parser of ``module_name``'s ``add_arguments`` and calls its
-    ``run``; returns ``run``'s exit status."""
+    to the argparse parser of the ``add_arguments`` of the module ``load()``
+    returns and calls its ``run``; returns ``run``'s exit status, or 2 with one
+    line on stderr when ``load`` raises ``CommandNotInstalled``."""
 
     @click.command(
         name,
@@ -43,7 +77,11 @@ def argparse_command(name: str, module_name: str, help_text: str) -> click.Comma
     )
     @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
     def command(argv: tuple[str, ...]) -> int:
-        module = importlib.import_module(module_name)
+        try:
+            module = load()
+        except CommandNotInstalled as err:
+            print(err, file=sys.stderr)
+            return 2
         parser = OneLineParser(prog=f"vramguard {name}", description=help_text)
         module.add_arguments(parser)
         return int(module.run(parser.parse_args(list(argv))))
@@ -61,7 +99,9 @@ def vramguard() -> None:
 vramguard.add_command(operator_command)
 vramguard.add_command(top_command)
 for _name, (_module, _help) in ARGPARSE_SUBCOMMANDS.items():
-    vramguard.add_command(argparse_command(_name, _module, _help))
+    vramguard.add_command(argparse_command(_name, partial(importlib.import_module, _module), _help))
+for _name, (_help, _hint) in PLUGIN_SUBCOMMANDS.items():
+    vramguard.add_command(argparse_command(_name, partial(plugin_module, _name, _hint), _help))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

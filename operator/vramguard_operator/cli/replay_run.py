@@ -1,6 +1,6 @@
 """The run of ``vramguard replay``: the replayed node and its pods, the node
 report built at each sample time, the engine on it, and its output applied as
-by a successful actions layer (``simulate.apply``, shared with the fleet
+by a successful actions layer (``engine.apply``, shared with the fleet
 simulation). ``replay.py`` reads the inputs and prints.
 
 The world: every pod of the recording is selected by the budget (it gets labels
@@ -25,6 +25,7 @@ from vramguard_api.history import DEFAULT_WINDOW_S, HistoryStore
 from vramguard_api.meta import LabelSelector
 from vramguard_api.trend import TrendFeatures
 from vramguard_api.usage import NodeGPUUsage
+from vramguard_operator.engine.apply import apply_output
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.selectors import compile_selector
 from vramguard_operator.engine.types import (
@@ -35,7 +36,6 @@ from vramguard_operator.engine.types import (
     EngineOutput,
     PodFacts,
 )
-from vramguard_operator.simulate.apply import apply_output
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # so that now.timestamp() == t_seconds
 NODE = "replay-node"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from vramguard_api.gpumem import OOMKill
+from vramguard_sim.gpumem import OOMKill
 from vramguard_sim.scenario import Scenario
 from vramguard_sim.simgpu import SimOOMKill
 

@@ -46,6 +46,37 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
 
 
+def test_the_command_group_and_its_own_subcommands_run_without_the_simulators():
+    """vramguard_sim cannot be imported: ``--help`` lists ``simulate`` all the same
+    (its help is the product's table), ``replay`` runs, and ``simulate`` says what to install."""
+    code = f"""
+import sys
+sys.modules["vramguard_sim"] = None  # import vramguard_sim now raises ImportError
+from vramguard_operator.cli import main as cli
+cli.entry_points = lambda **kw: []  # and no distribution registers a command
+assert cli.main(["--help"]) == 0
+assert cli.main(["replay", "--budget", {str(EXAMPLE / "budget.yaml")!r}, "--usage", {str(EXAMPLE / "usage.csv")!r}]) == 0
+assert cli.main(["simulate", "--seed", "1"]) == 2
+print("ok")
+"""
+    done = python(code)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    assert "simulate a GPU fleet" in done.stdout
+    assert done.stderr.strip().splitlines() == [
+        "vramguard simulate: not installed; the fleet simulation comes with pip install 'vramguard[sim]' "
+        "(a checkout: pip install ./sim)"
+    ]
+
+
+def test_simulate_is_found_through_the_entry_point_of_vramguard_sim(capsys):
+    from vramguard_operator.cli.main import COMMANDS_GROUP, plugin_module
+
+    module = plugin_module("simulate", "hint")
+    assert module.__name__ == "vramguard_sim.simulate.command" and COMMANDS_GROUP == "vramguard.commands"
+    assert main(["simulate", "--nodes", "x"]) == 2  # its own parser, reached through the group
+    assert "vramguard simulate: --nodes: 'x'" in capsys.readouterr().err
+
+
 def test_argparse_subcommands_get_their_arguments_as_given(capsys):
     rc = main(["replay", "--budget", str(EXAMPLE / "budget.yaml"), "--usage", str(EXAMPLE / "usage.csv"), "--json"])
     assert rc == 0 and capsys.readouterr().out.lstrip().startswith('{\n "decisions": [')

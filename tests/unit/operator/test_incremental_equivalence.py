@@ -29,9 +29,9 @@ import pytest
 
 from vramguard_api.memlimits import MEMORY_LIMITS_ANNOTATION, DeviceMemoryLimit, format_memory_limits
 from vramguard_operator.engine.types import EngineConfig, Evict
-from vramguard_operator.simulate.control import ControlConfig
-from vramguard_operator.simulate.policyfile import DEFAULT_POLICY, parse_policy
-from vramguard_operator.simulate.run import simulate
+from vramguard_sim.simulate.control import ControlConfig
+from vramguard_sim.simulate.policyfile import DEFAULT_POLICY, parse_policy
+from vramguard_sim.simulate.run import simulate
 
 from ..policy.builders import cluster_nodes
 from ..policy.dra_builders import claim, gpu, resource_slice, result

@@ -22,6 +22,7 @@ from typing import Any
 
 from vramguard_api import conditions as C
 from vramguard_operator.controller.policy_handlers import policy_body
+from vramguard_operator.engine.apply import output_changes
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.types import (
     Decision,
@@ -48,7 +49,6 @@ from vramguard_operator.policy import groups as policy_groups
 from vramguard_operator.policy import plan as policy_plan
 from vramguard_operator.policy.groups import namespace_policies
 from vramguard_operator.policy.node import NodeFacts
-from vramguard_operator.simulate.apply import output_changes
 
 PARSE: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "claims": claim_entry,
@@ -134,7 +134,7 @@ class World:
         for d in out.decisions:
             if isinstance(d, Evict) and d.pod is not None:
                 gone.add(d.pod.uid)
-        # the state, then (every Event posted) the records marked posted: simulate.apply's
+        # the state, then (every Event posted) the records marked posted: engine.apply's
         pods, _, _ = output_changes(out)
         resized = {d.pod.uid: d.resize for d in out.decisions
                    if isinstance(d, Throttle) and d.pod is not None and d.resize}

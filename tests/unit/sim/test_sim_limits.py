@@ -20,9 +20,9 @@ from vramguard_agent.caps import CapEnforcer
 from vramguard_agent.memory import CgroupMemoryReader
 from vramguard_agent.nvml_limits import NVMLMemoryLimits
 from vramguard_agent.sampler import Sampler
-from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
 from vramguard_api.memlimits import DeviceMemoryLimit, format_memory_limits
 from vramguard_api.usage import NodeGPUUsageStatus
+from vramguard_sim.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
 from vramguard_sim.scenario import Scenario
 from vramguard_sim.simbackend import FIRST_PID, SimBackend, gpu_uuid
 from vramguard_sim.simcgroups import DriverState

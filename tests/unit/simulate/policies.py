@@ -3,8 +3,8 @@ suite (tests/unit/operator/test_incremental_equivalence.py)."""
 
 from __future__ import annotations
 
-from vramguard_operator.simulate.policyfile import DEFAULT_POLICY
-from vramguard_operator.simulate.run import SimulationConfig
+from vramguard_sim.simulate.policyfile import DEFAULT_POLICY
+from vramguard_sim.simulate.run import SimulationConfig
 
 # The built-in policy without its device-pressure rule: implicit budgets that only annotate.
 PRESSURE_LINE = "  devicePressure: {minFree: 5%, protectShares: true, action: Evict}\n"

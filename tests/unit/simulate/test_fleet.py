@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from vramguard_operator.engine.types import ContainerFacts
-from vramguard_operator.simulate.fleet import Fleet, OOMRecord
-from vramguard_operator.simulate.nodes import NodeKind, SimNode
-from vramguard_operator.simulate.workloads import Shape, WorkloadSpec
+from vramguard_sim.simulate.fleet import Fleet, OOMRecord
+from vramguard_sim.simulate.nodes import NodeKind, SimNode
+from vramguard_sim.simulate.workloads import Shape, WorkloadSpec
 
 GIB = 1 << 30
 TICK = 10.0

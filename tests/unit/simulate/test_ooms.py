@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vramguard_api.gpumem import REASON_DEVICE_FULL
-from vramguard_operator.simulate.control import ControlConfig
-from vramguard_operator.simulate.ooms import verdict
-from vramguard_operator.simulate.policyfile import load_policy
+from vramguard_sim.gpumem import REASON_DEVICE_FULL
+from vramguard_sim.simulate.control import ControlConfig
+from vramguard_sim.simulate.ooms import verdict
+from vramguard_sim.simulate.policyfile import load_policy
 
 from .test_simulate import MIX, SMALL, run_fleet
 

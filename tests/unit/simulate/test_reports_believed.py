@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from vramguard_operator.engine import measure
-from vramguard_operator.simulate.policyfile import parse_policy
-from vramguard_operator.simulate.run import simulate
+from vramguard_sim.simulate.policyfile import parse_policy
+from vramguard_sim.simulate.run import simulate
 
 from .test_simulate import ACTING, MIX, SMALL
 

@@ -10,16 +10,16 @@ from dataclasses import replace
 
 import pytest
 
-from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
 from vramguard_api.memlimits import memory_limits_of
 from vramguard_operator.cli.main import main
 from vramguard_operator.engine.types import ANNOTATION_MEMORY_LIMITS
-from vramguard_operator.simulate.control import ControlConfig, Vramguard
-from vramguard_operator.simulate.fleet import Fleet
-from vramguard_operator.simulate.nodes import build_nodes
-from vramguard_operator.simulate.policyfile import DEFAULT_POLICY, load_policy, parse_policy
-from vramguard_operator.simulate.run import SimulationConfig, compare, simulate
-from vramguard_operator.simulate.workloads import generate
+from vramguard_sim.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
+from vramguard_sim.simulate.control import ControlConfig, Vramguard
+from vramguard_sim.simulate.fleet import Fleet
+from vramguard_sim.simulate.nodes import build_nodes
+from vramguard_sim.simulate.policyfile import DEFAULT_POLICY, load_policy, parse_policy
+from vramguard_sim.simulate.run import SimulationConfig, compare, simulate
+from vramguard_sim.simulate.workloads import generate
 
 from .policies import ACTING, ANNOTATE_ONLY, CAPPING, MIX, PRESSURE_LINE, SMALL
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard_operator.simulate.nodes import NODE_KINDS, SimNode, parse_nodes
-from vramguard_operator.simulate.workloads import KINDS, Shape, generate, parse_mix
+from vramguard_sim.simulate.nodes import NODE_KINDS, SimNode, parse_nodes
+from vramguard_sim.simulate.workloads import KINDS, Shape, generate, parse_mix
 
 MIB = 1 << 20
 

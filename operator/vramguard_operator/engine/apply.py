@@ -1,8 +1,10 @@
 """An engine output applied by an actions layer whose every call succeeds.
 
-Shared by ``vramguard replay`` (which applies everything at once) and the
-fleet simulation (which applies annotations and CPU resizes with this, and
-evictions through its own rate limiter and PodDisruptionBudgets).
+Pure: engine types in, engine types out. Shared by ``vramguard replay``
+(which applies everything at once) and the fleet simulation in vramguard-sim
+(which applies annotations and CPU resizes with this, and evictions through
+its own rate limiter and PodDisruptionBudgets); the product's, so that replay
+never imports the simulators.
 """
 
 from __future__ import annotations

@@ -61,11 +61,11 @@ from vramguard_operator.engine.outputs import DevicePressureReport
 from vramguard_operator.engine.selectors import Matcher, compile_selector
 from vramguard_operator.engine.types import ANNOTATION_VIOLATIONS
 from vramguard_operator.plan.coupling import device_slacks
-from vramguard_operator.simulate.fleet import Fleet, SimPod
-from vramguard_operator.simulate.nodes import GPU
+from vramguard_sim.simulate.fleet import Fleet, SimPod
+from vramguard_sim.simulate.nodes import GPU
 
 if TYPE_CHECKING:
-    from vramguard_operator.simulate.control import ControlConfig
+    from vramguard_sim.simulate.control import ControlConfig
 
 BudgetKey = tuple[str, str]
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,8 +1,8 @@
 """Running the fleet simulation: one configuration, or the same seed with
 vramguard off and on.
 
-    from vramguard_operator.simulate.run import SimulationConfig, compare
-    from vramguard_operator.simulate.policyfile import load_policy
+    from vramguard_sim.simulate.run import SimulationConfig, compare
+    from vramguard_sim.simulate.policyfile import load_policy
     print(compare(SimulationConfig(seed=7), load_policy(None)).to_json())
 """
 
@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
-from vramguard_operator.simulate.control import ControlConfig, Vramguard
-from vramguard_operator.simulate.fleet import Fleet
-from vramguard_operator.simulate.nodes import build_nodes
-from vramguard_operator.simulate.ooms import verdict
-from vramguard_operator.simulate.policyfile import PolicySet
-from vramguard_operator.simulate.results import Comparison, RunFigures
-from vramguard_operator.simulate.workloads import DEFAULT_MIX, KINDS, generate
+from vramguard_sim.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
+from vramguard_sim.simulate.control import ControlConfig, Vramguard
+from vramguard_sim.simulate.fleet import Fleet
+from vramguard_sim.simulate.nodes import build_nodes
+from vramguard_sim.simulate.ooms import verdict
+from vramguard_sim.simulate.policyfile import PolicySet
+from vramguard_sim.simulate.results import Comparison, RunFigures
+from vramguard_sim.simulate.workloads import DEFAULT_MIX, KINDS, generate
 
 MAX_EXAMPLES = 5
 

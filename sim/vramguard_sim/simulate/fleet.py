@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from vramguard_api.gpumem import REASON_DEVICE_FULL, GPUProcess, OOMKill
 from vramguard_api.kubelet import consecutive_failures, crash_loop_backoff
 from vramguard_api.units import quantity_decimal
 from vramguard_operator.engine.types import ContainerFacts, PodFacts
-from vramguard_operator.simulate.nodes import GPU, SimNode
-from vramguard_operator.simulate.workloads import COMPONENT, WARMUP_S, WorkloadSpec
+from vramguard_sim.gpumem import REASON_DEVICE_FULL, GPUProcess, OOMKill
+from vramguard_sim.simulate.nodes import GPU, SimNode
+from vramguard_sim.simulate.workloads import COMPONENT, WARMUP_S, WorkloadSpec
 
 CONTAINER = "main"
 

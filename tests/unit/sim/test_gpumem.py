@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vramguard_api.gpumem import REASON_DEVICE_FULL, REASON_HARD_LIMIT, REASON_SOFT_LIMIT, Device, OOMKill
 from vramguard_api.kubelet import consecutive_failures, crash_loop_backoff, restarts_after_failure
+from vramguard_sim.gpumem import REASON_DEVICE_FULL, REASON_HARD_LIMIT, REASON_SOFT_LIMIT, Device, OOMKill
 
 GIB = 1 << 30
 

@@ -13,11 +13,11 @@ import sys
 from collections.abc import Callable
 
 from vramguard_api.cliargs import duration_arg
-from vramguard_operator.simulate.nodes import parse_nodes
-from vramguard_operator.simulate.policyfile import load_policy
-from vramguard_operator.simulate.results import render
-from vramguard_operator.simulate.run import SimulationConfig, compare
-from vramguard_operator.simulate.workloads import DEFAULT_MIX, parse_mix
+from vramguard_sim.simulate.nodes import parse_nodes
+from vramguard_sim.simulate.policyfile import load_policy
+from vramguard_sim.simulate.results import render
+from vramguard_sim.simulate.run import SimulationConfig, compare
+from vramguard_sim.simulate.workloads import DEFAULT_MIX, parse_mix
 
 DEFAULT_MIX_TEXT = ",".join(f"{k}={v:g}" for k, v in DEFAULT_MIX.items())
 

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 
 from vramguard_api.budget import LEAK_MEMORY, GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.policy import EvictionRateLimit
+from vramguard_operator.engine.apply import applied, output_changes
 from vramguard_operator.engine.evaluate import evaluate
 from vramguard_operator.engine.outputs import DevicePressureReport
 from vramguard_operator.engine.types import (
@@ -52,14 +53,13 @@ from vramguard_operator.policy.node import NodeFacts
 from vramguard_operator.policy.plan import PolicyMemory
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 from vramguard_operator.policy.rules import RuleCache
-from vramguard_operator.simulate import limits as sim_limits
-from vramguard_operator.simulate.apply import applied, output_changes
-from vramguard_operator.simulate.fleet import Fleet, SimPod
-from vramguard_operator.simulate.inputs import node_report
-from vramguard_operator.simulate.nodes import SimNode
-from vramguard_operator.simulate.policyfile import PolicySet
-from vramguard_operator.simulate.triggers import EPOCH, BudgetKey, Triggers
-from vramguard_operator.simulate.workloads import NAMESPACES
+from vramguard_sim.simulate import limits as sim_limits
+from vramguard_sim.simulate.fleet import Fleet, SimPod
+from vramguard_sim.simulate.inputs import node_report
+from vramguard_sim.simulate.nodes import SimNode
+from vramguard_sim.simulate.policyfile import PolicySet
+from vramguard_sim.simulate.triggers import EPOCH, BudgetKey, Triggers
+from vramguard_sim.simulate.workloads import NAMESPACES
 
 FORGET_EVERY_S = 600.0
 

@@ -18,7 +18,7 @@ kind             devices
 A pod takes one ``nvidia.com/gpu``: one replica of a shared device, or one MIG
 device. Among a node's devices the one with the fewest pods is given (the
 NVIDIA device plugin's preferred allocation spreads replicas that way).
-Memory semantics are those of ``vramguard_api.gpumem``; MPS shares a device's
+Memory semantics are those of ``vramguard_sim.gpumem``; MPS shares a device's
 memory like time-slicing (the MPS client memory limit is not set).
 """
 
@@ -29,12 +29,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vramguard_api.gpumem import Device
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.policy.shares import NodeFacts, PodGPURequest, mig_limit, node_share
+from vramguard_sim.gpumem import Device
 
 if TYPE_CHECKING:
-    from vramguard_operator.simulate.fleet import SimPod
+    from vramguard_sim.simulate.fleet import SimPod
 
 MIB = 1 << 20
 

@@ -14,7 +14,7 @@ owner), except a hard limit below what the pod holds, which Linux's dmem
 controller does not apply (the old one stays, the agent reports NotHeld and
 retries at each evaluation of the pod); a refused annotation changes nothing;
 no annotation clears the pod's limits. The device then enforces them
-(``vramguard_api.gpumem``).
+(``vramguard_sim.gpumem``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from vramguard_api.memlimits import MemoryLimitsError, memory_limits_of
-from vramguard_operator.simulate.fleet import SimPod
-from vramguard_operator.simulate.nodes import GPU
+from vramguard_sim.simulate.fleet import SimPod
+from vramguard_sim.simulate.nodes import GPU
 
 SUPPORTED = {"memoryLimits": "Supported", "memoryLimitsReason": "ProbeSucceeded"}
 VGPU_UNSUPPORTED = {

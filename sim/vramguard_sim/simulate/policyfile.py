@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from vramguard_api.budget import GPUMemoryBudget
 from vramguard_api.explain import validation_error
 from vramguard_api.policy import GPUMemoryPolicy
-from vramguard_operator.simulate.workloads import NAMESPACES
+from vramguard_sim.simulate.workloads import NAMESPACES
 
 DEFAULT_POLICY = """\
 # vramguard's recommended policy for shared GPUs (examples/recommended-policy.yaml

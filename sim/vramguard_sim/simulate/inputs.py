@@ -18,9 +18,9 @@ from typing import Any
 
 from vramguard_api.trend import TrendFeatures
 from vramguard_api.usage import NodeGPUUsage
-from vramguard_operator.simulate.fleet import CONTAINER, SimPod
-from vramguard_operator.simulate.limits import device_support
-from vramguard_operator.simulate.nodes import SimNode
+from vramguard_sim.simulate.fleet import CONTAINER, SimPod
+from vramguard_sim.simulate.limits import device_support
+from vramguard_sim.simulate.nodes import SimNode
 
 AGENT_VERSION = "simulated"
 

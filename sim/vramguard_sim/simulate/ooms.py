@@ -11,9 +11,9 @@ memory than the step it asked for (``GPUOutOfMemory``); a cap's is ``CapKill``.
 
 from __future__ import annotations
 
-from vramguard_api.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
 from vramguard_api.oom import DeviceEvidence, Evidence, Verdict, classify
-from vramguard_operator.simulate.fleet import OOMRecord
+from vramguard_sim.gpumem import REASON_HARD_LIMIT, REASON_SOFT_LIMIT
+from vramguard_sim.simulate.fleet import OOMRecord
 
 _CAPS = {REASON_HARD_LIMIT: "HardLimit", REASON_SOFT_LIMIT: "SoftLimit"}
 

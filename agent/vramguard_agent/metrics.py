@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from vramguard_api.usage import GPUDevice, NodeGPUUsageStatus
+from vramguard_api.usage import GPUDevice, MemoryPressure, NodeGPUUsageStatus
 
 from .report import NodeReport
 
@@ -75,6 +75,7 @@ class UsageCollector:
         yield from _device_families(snap)
         yield from _pod_families(snap)
         yield from _limit_families(snap)
+        yield from _host_memory_families(snap)
 
 
 def _device_labels(device: GPUDevice, by_uuid: dict[str, GPUDevice], node: str) -> list[str]:
@@ -221,6 +222,56 @@ def _limit_families(snap: Snapshot) -> Iterator[Metric]:
             if e.soft_limit_bytes is not None:
                 held.add_metric([*pod, "soft"], e.soft_limit_bytes)
     yield from (support, held, applied)
+
+
+# PSI lines as node_exporter and cAdvisor name them: "some" is waiting, "full" is stalled.
+_PRESSURE_NAMES = {"some": "waiting", "full": "stalled"}
+
+
+def _host_memory_families(snap: Snapshot) -> Iterator[Metric]:
+    """Swap and memory pressure of the node and its pods (read only; docs/swap-and-pressure.md)."""
+    assert snap.status is not None
+    status, node = snap.status, snap.node
+    swap = _gauge("vramguard_pod_memory_swap_bytes", "Swap in use by a pod's cgroup.", POD_LABELS)
+    rates = {
+        "in": _gauge("vramguard_node_swap_in_bytes_per_second", "Swap-in rate of the node (pswpin).", ["Hostname"]),
+        "out": _gauge("vramguard_node_swap_out_bytes_per_second", "Swap-out rate of the node (pswpout).", ["Hostname"]),
+    }
+    node_psi = {
+        kind: CounterMetricFamily(
+            f"vramguard_node_pressure_memory_{word}_seconds",
+            f"Time tasks of the node were {word} on memory (PSI {kind} total).",
+            labels=["Hostname"],
+        )
+        for kind, word in _PRESSURE_NAMES.items()
+    }
+    pod_psi = {
+        kind: CounterMetricFamily(
+            f"vramguard_pod_pressure_memory_{word}_seconds",
+            f"Time tasks of a pod were {word} on memory (PSI {kind} total of memory.pressure).",
+            labels=POD_LABELS,
+        )
+        for kind, word in _PRESSURE_NAMES.items()
+    }
+    host = status.host_memory
+    if host is not None:
+        for direction, value in (("in", host.swap_in_bytes_per_second), ("out", host.swap_out_bytes_per_second)):
+            if value is not None:
+                rates[direction].add_metric([node], value)
+        _add_pressure(node_psi, [node], host.pressure)
+    for p in status.pods:
+        labels = [p.namespace or "", p.name or p.uid, node]
+        if p.swap_bytes is not None:
+            swap.add_metric(labels, p.swap_bytes)
+        _add_pressure(pod_psi, labels, p.memory_pressure)
+    yield from (swap, *rates.values(), *node_psi.values(), *pod_psi.values())
+
+
+def _add_pressure(families: dict[str, CounterMetricFamily], labels: list[str], psi: MemoryPressure | None) -> None:
+    for kind, family in families.items():
+        line = getattr(psi, kind) if psi is not None else None
+        if line is not None:
+            family.add_metric(labels, line.total_microseconds / 1e6)
 
 
 class AgentMetrics:

@@ -33,6 +33,8 @@ from vramguard_api.usage import (
     DeviceMemory,
     DeviceUsage,
     GPUDevice,
+    HostMemory,
+    MemoryPressure,
     NodeGPUUsageStatus,
     PodUsage,
     UnattributedProcess,
@@ -151,6 +153,8 @@ class PodEntry:
     vram_bytes: int | None = None
     ram_working_set_bytes: int | None = None
     oom_kills: int | None = None
+    swap_bytes: int | None = None
+    memory_pressure: MemoryPressure | None = None
     devices: list[DeviceEntry] = field(default_factory=list)
     containers: list[ContainerEntry] = field(default_factory=list)
     trend: TrendFeatures | None = None
@@ -189,6 +193,8 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
         vram_bytes=total,
         ram_working_set_bytes=ram.pod.working_set_bytes if ram else None,
         oom_kills=ram.pod.oom_kills if ram else None,
+        swap_bytes=ram.pod.swap_bytes if ram else None,
+        memory_pressure=ram.pod.pressure if ram else None,
         devices=devices,
         containers=containers,
         trend=inputs.trends.get(uid),
@@ -326,6 +332,7 @@ class NodeReport:
     pods: list[PodEntry]
     unattributed: list[UnattributedProcess]
     truncated: bool
+    host_memory: HostMemory | None = None
     _status: NodeGPUUsageStatus | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_status(self) -> NodeGPUUsageStatus:
@@ -342,6 +349,7 @@ class NodeReport:
                 pods=[_pod_usage(p) for p in self.pods],
                 unattributed=self.unattributed,
                 truncated=self.truncated,
+                hostMemory=self.host_memory,
             )
         return self._status
 
@@ -356,6 +364,8 @@ def _pod_usage(p: PodEntry) -> PodUsage:
         vramBytes=p.vram_bytes,
         ramWorkingSetBytes=p.ram_working_set_bytes,
         oomKills=p.oom_kills,
+        swapBytes=p.swap_bytes,
+        memoryPressure=p.memory_pressure,
         devices=[DeviceUsage(uuid=d.uuid, usedBytes=d.used_bytes) for d in p.devices],
         containers=[
             ContainerUsage(
@@ -382,8 +392,10 @@ def build_report(
     now: datetime,
     previous_conditions: Iterable[Condition] | None = None,
     bounds: Bounds = DEFAULT_BOUNDS,
+    host_memory: HostMemory | None = None,
 ) -> NodeReport:
-    """The node's report for one sample (see the module docstring)."""
+    """The node's report for one sample (see the module docstring); ``host_memory``:
+    the node's swap and memory pressure (``hostmem``)."""
     pods, unattributed, devices, truncated = bound(
         build_pods(agg, inputs), list(agg.unattributed), build_devices(sample, agg), bounds
     )
@@ -395,5 +407,6 @@ def build_report(
         pods=pods,
         unattributed=unattributed,
         truncated=truncated,
+        host_memory=host_memory,
     )
 

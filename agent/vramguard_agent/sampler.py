@@ -28,6 +28,7 @@ from .caps import CapEnforcer
 from .cgroups import Attribution, NotInPod, attribute_pid
 from .ends import EndTracker
 from .gpu import BackendUnavailable, GPUBackend, GPUSample
+from .hostmem import HostMemoryReader
 from .memory import CgroupMemoryReader
 from .metrics import ContainerDeviceUsage
 from .pods import PodMeta
@@ -63,6 +64,7 @@ class Sampler:
     whose change clears the attribution cache (the simulated host can move a pid
     to another cgroup; a real host cannot). ``caps``, when given, applies and
     reports pods' memory limits after each GPU sample (``caps.CapEnforcer``).
+    ``host_memory`` reads the node's swap and memory pressure (default: under ``proc_root``).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class Sampler:
         cache_key: Callable[[], object] = lambda: None,
         history_clock: Callable[[], float] | None = None,
         caps: CapEnforcer | None = None,
+        host_memory: HostMemoryReader | None = None,
     ) -> None:
         self.backend = backend
         self.proc_root = Path(proc_root)
@@ -93,6 +96,7 @@ class Sampler:
         self.history_clock = history_clock or wall_clock
         self.cache_key = cache_key
         self.caps = caps
+        self.host_memory = host_memory if host_memory is not None else HostMemoryReader(self.proc_root)
         self.ends = EndTracker()  # the ends between samples (ends.py), published with the report
         self._cache_key: object = None
         self._attributions: dict[int, Attribution | NotInPod] = {}
@@ -142,7 +146,8 @@ class Sampler:
             driverVersion=gpu.driver_version if gpu else None,
             enforceCaps=self.caps is not None and self.caps.enforce,
         )
-        report = build_report(gpu, error, agg, inputs, agent, now, self._conditions, self.bounds)
+        host = self.host_memory.read()
+        report = build_report(gpu, error, agg, inputs, agent, now, self._conditions, self.bounds, host)
         self._conditions = report.conditions
         self.ends.observe(gpu, attributions, report, now)
         return SampleResult(report, functools.partial(container_devices, agg, pods, names), error)

@@ -186,6 +186,51 @@ class ContainerUsage(APIModel):
     oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills counted by the cgroup.")
 
 
+class PressureFigures(APIModel):
+    """One line of a PSI file (``Documentation/accounting/psi.rst``): the share of
+    time tasks stalled on memory, as percentages over 10, 60 and 300 seconds, and
+    the total stall time."""
+
+    avg10: float = Field(ge=0, le=100, allow_inf_nan=False, description="Percent of the last 10 seconds.")
+    avg60: float = Field(ge=0, le=100, allow_inf_nan=False, description="Percent of the last 60 seconds.")
+    avg300: float = Field(ge=0, le=100, allow_inf_nan=False, description="Percent of the last 300 seconds.")
+    total_microseconds: int = Field(
+        alias="totalMicroseconds", ge=0, description="Total stall time since the cgroup or the boot, microseconds."
+    )
+
+
+class MemoryPressure(APIModel):
+    """Memory pressure stall information (PSI): ``/proc/pressure/memory`` for the node,
+    a cgroup v2 ``memory.pressure`` for a pod."""
+
+    some: PressureFigures | None = Field(
+        default=None, description="Time at least one task stalled waiting for memory."
+    )
+    full: PressureFigures | None = Field(default=None, description="Time all non-idle tasks stalled at once.")
+
+
+class HostMemory(APIModel):
+    """The node's swap activity and memory pressure, read only (the kubelet owns swap and eviction)."""
+
+    swap_in_bytes_per_second: float | None = Field(
+        default=None,
+        alias="swapInBytesPerSecond",
+        ge=0,
+        allow_inf_nan=False,
+        description="Swap-in rate since the previous sample (pswpin of /proc/vmstat times the page size), bytes/s.",
+    )
+    swap_out_bytes_per_second: float | None = Field(
+        default=None,
+        alias="swapOutBytesPerSecond",
+        ge=0,
+        allow_inf_nan=False,
+        description="Swap-out rate since the previous sample (pswpout of /proc/vmstat), bytes/s.",
+    )
+    pressure: MemoryPressure | None = Field(
+        default=None, description="Memory pressure of the node (/proc/pressure/memory); absent without PSI."
+    )
+
+
 class PodUsage(APIModel):
     """One pod's usage on the node."""
 
@@ -213,6 +258,17 @@ class PodUsage(APIModel):
         description="RAM working set of the pod, bytes; at most 2^53.",
     )
     oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills in the pod's cgroups.")
+    swap_bytes: int | None = Field(
+        default=None,
+        alias="swapBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="Swap in use by the pod's cgroup (v2 memory.swap.current; v1 memory.memsw.usage_in_bytes "
+        "less memory.usage_in_bytes), bytes; absent without swap accounting; at most 2^53.",
+    )
+    memory_pressure: MemoryPressure | None = Field(
+        default=None, alias="memoryPressure", description="The pod cgroup's memory.pressure (cgroup v2 only)."
+    )
     devices: list[DeviceUsage] = Field(default_factory=list, max_length=MAX_DEVICES, description="VRAM per device.")
     containers: list[ContainerUsage] = Field(default_factory=list, max_length=64, description="Usage per container.")
     trend: TrendFeatures | None = Field(default=None, description="VRAM trend features for leak detection.")
@@ -294,6 +350,9 @@ class NodeGPUUsageStatus(APIModel):
         default_factory=list,
         max_length=MAX_END_RECORDS,
         description="Ends (GPU processes, containers) not yet acknowledged by the operator (vramguard_api.ends).",
+    )
+    host_memory: HostMemory | None = Field(
+        default=None, alias="hostMemory", description="The node's swap activity and memory pressure."
     )
 
 

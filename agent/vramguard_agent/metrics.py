@@ -106,6 +106,9 @@ _DEVICE_GAUGES = {
     "complete": ("vramguard_gpu_processes_complete", "1 when every process's memory is known and accounted."),
     "healthy": ("vramguard_gpu_healthy", "1 when the device answers NVML."),
     "unattributed": ("vramguard_gpu_unattributed_memory_bytes", "Memory of GPU processes in no pod."),
+    # Percent, as dcgm-exporter's DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_MEM_COPY_UTIL are.
+    "gpu_util": ("vramguard_gpu_utilization_percent", "Percent of time a kernel ran (NVML utilization.gpu)."),
+    "mem_util": ("vramguard_gpu_memory_copy_utilization_percent", "Percent of time memory was read or written."),
 }
 
 
@@ -131,7 +134,12 @@ def _device_families(snap: Snapshot) -> Iterator[Metric]:
         families["complete"].add_metric(labels, 1 if d.processes_complete else 0)
         families["healthy"].add_metric(labels, 1 if d.health == "Healthy" else 0)
         families["unattributed"].add_metric(labels, unattributed.get(d.uuid, 0))
+        if d.gpu_utilization_percent is not None:
+            families["gpu_util"].add_metric(labels, d.gpu_utilization_percent)
+        if d.memory_utilization_percent is not None:
+            families["mem_util"].add_metric(labels, d.memory_utilization_percent)
     yield from families.values()
+    yield _pod_utilization_family(snap, by_uuid)
     yield _container_family(snap, by_uuid)
 
 
@@ -145,6 +153,22 @@ def _container_family(snap: Snapshot, by_uuid: dict[str, GPUDevice]) -> Metric:
         device = by_uuid.get(c.device_uuid)
         if device is not None:
             family.add_metric([*_device_labels(device, by_uuid, snap.node), c.namespace, c.pod, c.container], c.used_bytes)
+    return family
+
+
+def _pod_utilization_family(snap: Snapshot, by_uuid: dict[str, GPUDevice]) -> Metric:
+    assert snap.status is not None
+    family = _gauge(
+        "vramguard_pod_gpu_sm_utilization_percent",
+        "SM utilisation of a pod's processes on one device (NVML process utilisation, summed).",
+        [*DEVICE_LABELS, "namespace", "pod"],
+    )
+    for p in snap.status.pods:
+        for d in p.devices:
+            device = by_uuid.get(d.uuid)
+            if device is not None and d.sm_utilization_percent is not None:
+                labels = [*_device_labels(device, by_uuid, snap.node), p.namespace or "", p.name or p.uid]
+                family.add_metric(labels, d.sm_utilization_percent)
     return family
 
 

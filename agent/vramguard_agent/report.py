@@ -98,6 +98,8 @@ def _device(d: DeviceSample, agg: Aggregation) -> GPUDevice:
         processesComplete=agg.complete.get(d.uuid, False) if healthy else False,
         health=d.health,
         error=(d.error or None) and d.error[:1024],
+        gpuUtilizationPercent=d.utilization_gpu,
+        memoryUtilizationPercent=d.utilization_memory,
         memoryLimits=None if support is None else ("Supported" if support.supported else "Unsupported"),
         memoryLimitsReason=support.reason if support else None,
         memoryLimitsMessage=support.message[:1024] if support else None,
@@ -112,7 +114,8 @@ class PodInputs:
     API metadata; ``memory`` and ``trends`` are keyed by cgroup uid too;
     ``gpu_pods`` are cgroup uids of pods that use a GPU but have no process now;
     ``container_names`` adds names for container ids the API does not show;
-    ``memory_limits`` holds pods' driver-enforced memory limits (``caps``), by cgroup uid.
+    ``memory_limits`` holds pods' driver-enforced memory limits (``caps``), by cgroup uid;
+    ``sm_utilization``: cgroup uid → device UUID → SM percent (``utilization``).
     """
 
     pods: Mapping[str, PodMeta] = field(default_factory=dict)
@@ -121,6 +124,7 @@ class PodInputs:
     gpu_pods: Iterable[str] = ()
     container_names: Mapping[str, str] = field(default_factory=dict)
     memory_limits: Mapping[str, PodLimits] = field(default_factory=dict)
+    sm_utilization: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 class DeviceEntry(NamedTuple):
@@ -128,6 +132,7 @@ class DeviceEntry(NamedTuple):
 
     uuid: str
     used_bytes: int | None
+    sm_utilization_percent: int | None = None
 
 
 @dataclass(slots=True)
@@ -180,7 +185,8 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
         devices: list[DeviceEntry] = []
     else:
         total = vram.total
-        devices = [DeviceEntry(u, b) for u, b in vram.devices.items()]
+        util = inputs.sm_utilization.get(uid, {})
+        devices = [DeviceEntry(u, b, util.get(u)) for u, b in vram.devices.items()]
     containers = _containers(vram, ram, meta, inputs.container_names, total is None)
     qos = (meta.qos_class if meta else None) or (vram.qos if vram else None)
     limits = inputs.memory_limits.get(uid) or PodLimits()
@@ -366,7 +372,10 @@ def _pod_usage(p: PodEntry) -> PodUsage:
         oomKills=p.oom_kills,
         swapBytes=p.swap_bytes,
         memoryPressure=p.memory_pressure,
-        devices=[DeviceUsage(uuid=d.uuid, usedBytes=d.used_bytes) for d in p.devices],
+        devices=[
+            DeviceUsage(uuid=d.uuid, usedBytes=d.used_bytes, smUtilizationPercent=d.sm_utilization_percent)
+            for d in p.devices
+        ],
         containers=[
             ContainerUsage(
                 name=c.name,

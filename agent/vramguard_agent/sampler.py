@@ -33,6 +33,7 @@ from .memory import CgroupMemoryReader
 from .metrics import ContainerDeviceUsage
 from .pods import PodMeta
 from .report import DEFAULT_BOUNDS, Bounds, NodeReport, PodInputs, build_report
+from .utilization import pod_sm_utilization
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class Sampler:
             gpu_pods=gpu_pods,
             container_names=names,
             memory_limits=limits,
+            sm_utilization=pod_sm_utilization(gpu, attributions),
         )
         agent = AgentInfo(
             version=__version__,

@@ -104,6 +104,22 @@ class GPUDevice(APIModel):
     )
     health: DeviceHealth = Field(default="Healthy", description="Healthy, Lost (fell off the bus) or Error.")
     error: str | None = Field(default=None, max_length=1024, description="The NVML error when health is not Healthy.")
+    gpu_utilization_percent: int | None = Field(
+        default=None,
+        alias="gpuUtilizationPercent",
+        ge=0,
+        le=100,
+        description="Percent of the last sample period in which a kernel ran (nvmlDeviceGetUtilizationRates "
+        "gpu; dcgm-exporter's DCGM_FI_DEV_GPU_UTIL); absent where NVML gives none (MIG, vGPU guests).",
+    )
+    memory_utilization_percent: int | None = Field(
+        default=None,
+        alias="memoryUtilizationPercent",
+        ge=0,
+        le=100,
+        description="Percent of the last sample period in which device memory was read or written "
+        "(nvmlDeviceGetUtilizationRates memory; DCGM_FI_DEV_MEM_COPY_UTIL).",
+    )
     memory_limits: MemoryLimitsSupport | None = Field(
         default=None,
         alias="memoryLimits",
@@ -131,6 +147,14 @@ class DeviceUsage(APIModel):
         ge=0,
         le=MAX_BYTES,
         description="VRAM used on the device, bytes; absent when unknown; at most 2^53.",
+    )
+    sm_utilization_percent: int | None = Field(
+        default=None,
+        alias="smUtilizationPercent",
+        ge=0,
+        le=100,
+        description="SM utilisation of the pod's processes on the device since the previous sample "
+        "(nvmlDeviceGetProcessUtilization smUtil, summed, at most 100); absent where NVML gives none.",
     )
 
 

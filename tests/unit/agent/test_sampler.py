@@ -90,7 +90,9 @@ def test_the_plain_report_is_the_api_model_field_for_field(tmp_path):
     for entry, pod in zip(report.pods, status.pods, strict=True):
         for name in ("uid", "namespace", "name", "qos_class", "attribution", "vram_bytes", "trend"):
             assert getattr(entry, name) == getattr(pod, name)
-        assert [tuple(d) for d in entry.devices] == [(d.uuid, d.used_bytes) for d in pod.devices]
+        assert [tuple(d) for d in entry.devices] == [
+            (d.uuid, d.used_bytes, d.sm_utilization_percent) for d in pod.devices
+        ]
         assert [(c.container_id, c.name, c.ram_working_set_bytes) for c in entry.containers] == [
             (c.container_id, c.name, c.ram_working_set_bytes) for c in pod.containers
         ]

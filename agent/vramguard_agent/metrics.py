@@ -76,6 +76,7 @@ class UsageCollector:
         yield from _pod_families(snap)
         yield from _limit_families(snap)
         yield from _host_memory_families(snap)
+        yield from _dmem_families(snap)
 
 
 def _device_labels(device: GPUDevice, by_uuid: dict[str, GPUDevice], node: str) -> list[str]:
@@ -289,6 +290,23 @@ def _host_memory_families(snap: Snapshot) -> Iterator[Metric]:
             swap.add_metric(labels, p.swap_bytes)
         _add_pressure(pod_psi, labels, p.memory_pressure)
     yield from (swap, *rates.values(), *node_psi.values(), *pod_psi.values())
+
+
+def _dmem_families(snap: Snapshot) -> Iterator[Metric]:
+    """Pods' charges on the kernel's dmem regions (docs/dmem.md); ``region`` names the device."""
+    assert snap.status is not None
+    labels = [*POD_LABELS, "region"]
+    families = {
+        "current": _gauge("vramguard_pod_dmem_current_bytes", "A pod cgroup's dmem.current on a region.", labels),
+        "max": _gauge("vramguard_pod_dmem_max_bytes", "A pod cgroup's dmem.max on a region (absent: max).", labels),
+    }
+    for p in snap.status.pods:
+        for r in p.dmem or ():
+            pod = [p.namespace or "", p.name or p.uid, snap.node, r.region]
+            for key, value in (("current", r.current_bytes), ("max", r.max_bytes)):
+                if value is not None:
+                    families[key].add_metric(pod, value)
+    yield from families.values()
 
 
 def _add_pressure(families: dict[str, CounterMetricFamily], labels: list[str], psi: MemoryPressure | None) -> None:

@@ -32,16 +32,19 @@ from vramguard_api.usage import (
     ContainerUsage,
     DeviceMemory,
     DeviceUsage,
+    DmemRegion,
     GPUDevice,
     HostMemory,
     MemoryPressure,
     NodeGPUUsageStatus,
     PodUsage,
     UnattributedProcess,
+    VRAMSource,
 )
 from vramguard_api.usage import Attribution as PodAttribution
 
 from .aggregation import Aggregation, PodVRAM, sum_or_none
+from .dmem import vram_source
 from .gpu import DeviceSample, GPUSample
 from .limits_plan import LimitEntry, PodLimits
 from .memory import CgroupMemory, PodMemory
@@ -115,7 +118,8 @@ class PodInputs:
     ``gpu_pods`` are cgroup uids of pods that use a GPU but have no process now;
     ``container_names`` adds names for container ids the API does not show;
     ``memory_limits`` holds pods' driver-enforced memory limits (``caps``), by cgroup uid;
-    ``sm_utilization``: cgroup uid → device UUID → SM percent (``utilization``).
+    ``sm_utilization``: cgroup uid → device UUID → SM percent (``utilization``);
+    ``dmem``: cgroup uid → its dmem charges per NVIDIA region (``dmem``).
     """
 
     pods: Mapping[str, PodMeta] = field(default_factory=dict)
@@ -125,6 +129,7 @@ class PodInputs:
     container_names: Mapping[str, str] = field(default_factory=dict)
     memory_limits: Mapping[str, PodLimits] = field(default_factory=dict)
     sm_utilization: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    dmem: Mapping[str, list[DmemRegion]] = field(default_factory=dict)
 
 
 class DeviceEntry(NamedTuple):
@@ -160,6 +165,8 @@ class PodEntry:
     oom_kills: int | None = None
     swap_bytes: int | None = None
     memory_pressure: MemoryPressure | None = None
+    vram_source: VRAMSource | None = None
+    dmem: list[DmemRegion] | None = None
     devices: list[DeviceEntry] = field(default_factory=list)
     containers: list[ContainerEntry] = field(default_factory=list)
     trend: TrendFeatures | None = None
@@ -190,6 +197,8 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
     containers = _containers(vram, ram, meta, inputs.container_names, total is None)
     qos = (meta.qos_class if meta else None) or (vram.qos if vram else None)
     limits = inputs.memory_limits.get(uid) or PodLimits()
+    dmem = inputs.dmem.get(uid)
+    total, source = vram_source(total, vram is not None and bool(vram.devices), dmem)
     return PodEntry(
         uid=meta.uid if meta else uid,
         namespace=meta.namespace if meta else None,
@@ -197,6 +206,8 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
         qos_class=qos,
         attribution="Unknown" if total is None else "Measured",
         vram_bytes=total,
+        vram_source=source,
+        dmem=dmem,
         ram_working_set_bytes=ram.pod.working_set_bytes if ram else None,
         oom_kills=ram.pod.oom_kills if ram else None,
         swap_bytes=ram.pod.swap_bytes if ram else None,
@@ -372,6 +383,8 @@ def _pod_usage(p: PodEntry) -> PodUsage:
         oomKills=p.oom_kills,
         swapBytes=p.swap_bytes,
         memoryPressure=p.memory_pressure,
+        vramSource=p.vram_source,
+        dmem=p.dmem,
         devices=[
             DeviceUsage(uuid=d.uuid, usedBytes=d.used_bytes, smUtilizationPercent=d.sm_utilization_percent)
             for d in p.devices

@@ -26,6 +26,7 @@ from . import __version__
 from .aggregation import Aggregation, aggregate
 from .caps import CapEnforcer
 from .cgroups import Attribution, NotInPod, attribute_pid
+from .dmem import DmemReader, vram_source
 from .ends import EndTracker
 from .gpu import BackendUnavailable, GPUBackend, GPUSample
 from .hostmem import HostMemoryReader
@@ -65,7 +66,8 @@ class Sampler:
     whose change clears the attribution cache (the simulated host can move a pid
     to another cgroup; a real host cannot). ``caps``, when given, applies and
     reports pods' memory limits after each GPU sample (``caps.CapEnforcer``).
-    ``host_memory`` reads the node's swap and memory pressure (default: under ``proc_root``).
+    ``host_memory`` reads the node's swap and memory pressure (default: under ``proc_root``);
+    ``dmem`` reads pods' dmem charges (cgroup v2; default: under the memory reader's root).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Sampler:
         history_clock: Callable[[], float] | None = None,
         caps: CapEnforcer | None = None,
         host_memory: HostMemoryReader | None = None,
+        dmem: DmemReader | None = None,
     ) -> None:
         self.backend = backend
         self.proc_root = Path(proc_root)
@@ -98,6 +101,7 @@ class Sampler:
         self.cache_key = cache_key
         self.caps = caps
         self.host_memory = host_memory if host_memory is not None else HostMemoryReader(self.proc_root)
+        self.dmem = dmem if dmem is not None else DmemReader(self.memory.root)
         self.ends = EndTracker()  # the ends between samples (ends.py), published with the report
         self._cache_key: object = None
         self._attributions: dict[int, Attribution | NotInPod] = {}
@@ -130,6 +134,11 @@ class Sampler:
         # A GPU pod without a process holds 0 (kept: the leak detector reads zeros as restarts).
         idle = None if agg.listing_failed else 0
         vram_now = {uid: idle for uid in gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
+        dmem = self.dmem.read(wanted, self._pod_directory) if self.memory.version == 2 else {}
+        for uid, regions in dmem.items():  # the leak detector follows the pod's VRAM from either source
+            if uid in vram_now:
+                attributed = uid in agg.pods and bool(agg.pods[uid].devices)
+                vram_now[uid] = vram_source(vram_now[uid], attributed, regions)[0]
         self.history.add(history_s, vram_now)
         names = self.container_names()
         inputs = PodInputs(
@@ -140,6 +149,7 @@ class Sampler:
             container_names=names,
             memory_limits=limits,
             sm_utilization=pod_sm_utilization(gpu, attributions),
+            dmem=dmem,
         )
         agent = AgentInfo(
             version=__version__,
@@ -153,6 +163,10 @@ class Sampler:
         self._conditions = report.conditions
         self.ends.observe(gpu, attributions, report, now)
         return SampleResult(report, functools.partial(container_devices, agg, pods, names), error)
+
+    def _pod_directory(self, uid: str) -> Path | None:
+        relative = self.memory.pod_cgroup_path(uid)
+        return None if relative is None else self.memory.root / relative.lstrip("/")
 
     def _limit_pods(self, pods: Mapping[str, PodMeta]) -> list[str]:
         """Cgroup uids whose cgroup the memory limits need: pods with the annotation, the agent's own."""

@@ -24,6 +24,8 @@ DeviceHealth = Literal["Healthy", "Lost", "Error"]
 MemoryLimitsSupport = Literal["Supported", "Unsupported"]
 MemoryLimitState = Literal["Applied", "Pending", "Failed", "Unsupported", "Disabled"]
 
+VRAMSource = Literal["NVML", "Dmem"]
+
 MAX_PODS = 256
 MAX_UNATTRIBUTED = 64
 MAX_DEVICES = 64
@@ -210,6 +212,30 @@ class ContainerUsage(APIModel):
     oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills counted by the cgroup.")
 
 
+class DmemRegion(APIModel):
+    """A pod cgroup's charge on one device memory region of the kernel's dmem controller
+    (cgroup v2, Linux 6.14+, NVIDIA driver r615+; Documentation/admin-guide/cgroup-v2.rst)."""
+
+    region: str = Field(max_length=128, description="Region name from dmem.capacity, e.g. nvidia/0000:3b:00.0/vidmem.")
+    current_bytes: int | None = Field(
+        default=None, alias="currentBytes", ge=0, le=MAX_BYTES, description="dmem.current, bytes; at most 2^53."
+    )
+    min_bytes: int | None = Field(
+        default=None,
+        alias="minBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="dmem.min (protected memory), bytes; absent: max or unreadable.",
+    )
+    max_bytes: int | None = Field(
+        default=None,
+        alias="maxBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="dmem.max (hard limit), bytes; absent: no limit (max) or unreadable.",
+    )
+
+
 class PressureFigures(APIModel):
     """One line of a PSI file (``Documentation/accounting/psi.rst``): the share of
     time tasks stalled on memory, as percentages over 10, 60 and 300 seconds, and
@@ -292,6 +318,17 @@ class PodUsage(APIModel):
     )
     memory_pressure: MemoryPressure | None = Field(
         default=None, alias="memoryPressure", description="The pod cgroup's memory.pressure (cgroup v2 only)."
+    )
+    vram_source: VRAMSource | None = Field(
+        default=None,
+        alias="vramSource",
+        description="Where vramBytes came from: NVML (per-process memory) or Dmem (the kernel's dmem.current, "
+        "when NVML attributes no process to the pod, e.g. an MPS client); absent when unknown.",
+    )
+    dmem: list[DmemRegion] | None = Field(
+        default=None,
+        max_length=MAX_DEVICES,
+        description="The pod cgroup's dmem charges per NVIDIA region; absent without the dmem controller.",
     )
     devices: list[DeviceUsage] = Field(default_factory=list, max_length=MAX_DEVICES, description="VRAM per device.")
     containers: list[ContainerUsage] = Field(default_factory=list, max_length=64, description="Usage per container.")

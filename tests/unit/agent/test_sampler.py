@@ -265,3 +265,27 @@ def test_pods_on_a_lost_device_are_unknown_not_a_partial_sum(tmp_path):
     assert {d.uuid: d.used_bytes for d in by_name["wide"].devices}[lost.uuid] is None
     now[0] = 150.0  # the device is back: measured again
     assert pods()["wide"] == ("Measured", 5 * GIB)
+
+
+def test_a_gpu_pod_nvml_cannot_attribute_takes_its_vram_from_dmem(tmp_path):
+    """An MPS client: no process of its own in NVML's lists, but the kernel's dmem
+    controller charged its cgroup; the leak detector's history follows that figure."""
+    now = [0.0]
+    sampler = make(tmp_path, now, history=HistoryStore(trend_interval_s=0.0))
+    first = {p.name: p for p in sampler.sample().status.pods}
+    assert first["idle"].vram_bytes == 0 and first["idle"].vram_source == "NVML" and first["idle"].dmem is None
+    region = "nvidia/0000:3b:00.0/vidmem"
+    root = tmp_path / "cgroup"
+    assert sampler.memory.version == 2
+    (root / "dmem.capacity").write_text(f"{region} 84934656000\n")
+    uid = next(u for u, m in sampler.pods().items() if m.name == "idle")
+    idle_dir = root / sampler.memory.pod_cgroup_path(uid).lstrip("/")
+    (idle_dir / "dmem.current").write_text(f"{region} {5 * GIB}\n")
+    recorded: list[dict[str, int | None]] = []
+    add = sampler.history.add
+    sampler.history.add = lambda t, values: (recorded.append(dict(values)), add(t, values))[1]  # type: ignore[method-assign]
+    now[0] = 60.0
+    pods = {p.name: p for p in sampler.sample().status.pods}
+    assert (pods["idle"].vram_bytes, pods["idle"].vram_source) == (5 * GIB, "Dmem")
+    assert pods["leaky"].vram_source == "NVML"
+    assert recorded[-1][uid] == 5 * GIB

@@ -2,6 +2,7 @@
 # Build the local cluster's binaries from Go modules, cached by version under
 # ~/.cache/vramguard/bin/<component>-<version>/ so a second run takes seconds.
 #   kube-apiserver, kube-controller-manager, kube-scheduler: k8s.io/kubernetes
+#   promtool (make verify checks the chart's alert rules): github.com/prometheus/prometheus
 #   etcd: go.etcd.io/etcd/server/v3;  kwok, kwokctl: sigs.k8s.io/kwok;  helm: helm.sh/helm/v3
 #   the real node (VG_REAL_NODE, docs/real-node.md): kubelet from k8s.io/kubernetes;
 #   containerd, containerd-shim-runc-v2, ctr from github.com/containerd/containerd/v2;
@@ -134,6 +135,8 @@ step "etcd $ETCD_VERSION" "$ETCD_BIN/etcd" build_etcd
 step "kwok $KWOK_VERSION" "$KWOK_BIN/kwokctl" go_install "$KWOK_BIN" \
   "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"
 step "helm $HELM_VERSION" "$HELM_BIN/helm" build_helm
+step "promtool $PROMETHEUS_VERSION" "$PROMTOOL_BIN/promtool" go_install "$PROMTOOL_BIN" \
+  "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
 step "kubernetes $K8S_VERSION" "$K8S_BIN/kube-apiserver" build_kubernetes
 # The real node (docs/real-node.md) needs root for its Debian packages, cgroups and mounts.
 case ${VG_REAL_NODE:-auto} in

@@ -169,15 +169,23 @@ class NVMLBackend:
 
     def _utilization(self, handle: Any, device: DeviceSample) -> None:
         """Device and per-process utilisation (``utilization``); NotSupported leaves them None,
-        NotFound (no sample since the last read) means no process computed."""
-        rates = self._optional(self._nvml.nvmlDeviceGetUtilizationRates, handle)
-        if rates is not None:
-            device.utilization_gpu, device.utilization_memory = int(rates.gpu), int(rates.memory)
+        NotFound (no sample since the last read) means no process computed. Any other
+        error but a lost GPU leaves them None too: utilisation never fails the device's memory."""
+        nvml = self._nvml
         since = self._util_seen.get(device.uuid, 0)
         try:
-            samples = self._optional(self._nvml.nvmlDeviceGetProcessUtilization, handle, since)
-        except self._nvml.NVMLError_NotFound:
-            samples = []
+            rates = self._optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+            if rates is not None:
+                device.utilization_gpu, device.utilization_memory = int(rates.gpu), int(rates.memory)
+            try:
+                samples = self._optional(nvml.nvmlDeviceGetProcessUtilization, handle, since)
+            except nvml.NVMLError_NotFound:
+                samples = []
+        except nvml.NVMLError as err:
+            if isinstance(err, nvml.NVMLError_GpuIsLost):
+                raise
+            log.debug("utilisation of %s: %s", device.uuid, describe(err))
+            return
         if samples is not None:
             device.process_utilization, self._util_seen[device.uuid] = mean_sm_util(samples, since)
 

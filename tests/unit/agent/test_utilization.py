@@ -129,3 +129,16 @@ def test_metrics_carry_dcgm_exporters_labels():
         ("vramguard_gpu_memory_copy_utilization_percent", None): (41, "GPU-a"),
         ("vramguard_pod_gpu_sm_utilization_percent", "train"): (60, "GPU-a"),
     }
+
+
+def test_a_utilisation_error_leaves_the_figures_unknown_and_the_memory_read():
+    fake = nvml(busy_gpu())
+    backend = NVMLBackend(fake)
+
+    def broken(handle, timeStamp):  # noqa: N803 - pynvml's name
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    fake.nvmlDeviceGetProcessUtilization = broken  # type: ignore[method-assign]
+    (device,) = backend.sample().devices
+    assert device.health == "Healthy" and device.memory is not None and device.processes
+    assert device.process_utilization is None

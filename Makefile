@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 # sim/: the simulators, the vramguard-sim distribution (sim/pyproject.toml; not in the product's wheel).
 export PYTHONPATH := $(CURDIR)/api:$(CURDIR)/operator:$(CURDIR)/agent:$(CURDIR)/sim
 
-.PHONY: help venv test test-unit test-e2e fuzz generate verify lint typecheck imports cycles sizes cluster cluster-down demo bench clean images lock
+.PHONY: help venv test test-unit test-e2e fuzz generate verify lint typecheck imports cycles sizes alerts cluster cluster-down demo bench clean images lock
 
 help:
 	@echo "make demo      run the whole system on a local cluster (builds it on first use)"
@@ -58,7 +58,7 @@ generate: venv
 
 # The size rule (hack/sizes.py --check): a module over ~400 lines or a function over ~60
 # is named as a warning; over ~700 or ~80 fails. No import circle (hack/cycles.py).
-verify: venv lint typecheck imports cycles
+verify: venv lint typecheck imports cycles alerts
 	$(PYTHON) -m vramguard_api.crdgen --check crds
 	diff -r crds charts/vramguard/crds || { echo "charts/vramguard/crds differs from crds/: run make generate" >&2; exit 1; }
 	$(PYTHON) hack/sizes.py --check
@@ -76,6 +76,11 @@ imports: venv
 # No import circle among the product's modules, type-only imports included (grimp).
 cycles: venv
 	$(PYTHON) hack/cycles.py
+
+# promtool over the chart's alert rules and the dashboard's queries, and the rules' unit
+# tests (tests/promtool); promtool and helm are built by hack/cluster/build.sh.
+alerts: venv
+	$(PYTHON) hack/promrules.py
 
 # The largest modules and functions (warnings above ~400 and ~60 lines; --check fails above ~700 and ~80).
 sizes: venv

@@ -80,6 +80,9 @@ class DeviceSample:
     ``processes`` is None when the per-process listing failed (then
     ``process_error`` says why); an empty list means no process.
     ``memory_limits`` is set by the memory-limit probe (``caps``), None before.
+    ``utilization_gpu``/``utilization_memory``: percent (nvmlDeviceGetUtilizationRates);
+    ``process_utilization``: pid → mean SM percent since the last read (``utilization``);
+    None where NVML gives none (MIG, vGPU guests, errors).
     """
 
     uuid: str
@@ -97,6 +100,9 @@ class DeviceSample:
     health: Health = "Healthy"
     error: str | None = None
     memory_limits: MemoryLimitsSupport | None = None
+    utilization_gpu: int | None = None
+    utilization_memory: int | None = None
+    process_utilization: dict[int, int] | None = None
 
 
 @dataclass(slots=True)

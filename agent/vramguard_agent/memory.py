@@ -4,6 +4,9 @@ The RAM working set is the kubelet's and cAdvisor's definition: usage minus
 inactive file-backed memory, floored at 0 —
 cgroup v2: ``memory.current`` minus ``inactive_file`` of ``memory.stat``;
 cgroup v1: ``memory.usage_in_bytes`` minus ``total_inactive_file``.
+Swap in use (pods only): ``memory.swap.current`` (v2) or ``memory.memsw.usage_in_bytes``
+less ``memory.usage_in_bytes`` (v1, with swap accounting on); memory pressure (pods only,
+v2): ``memory.pressure``, parsed as ``hostmem.parse_pressure`` (Documentation/admin-guide/cgroup-v2.rst).
 OOM kills: ``oom_kill`` of ``memory.events`` (v2; hierarchical, so a pod's count
 includes its containers') or of ``memory.oom_control`` (v1, kernel >= 4.13;
 local to each cgroup, so a pod's count is its own plus its containers').
@@ -31,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from vramguard_api.usage import MemoryPressure
+
 from .cgroups import parse_cgroup_path
+from .hostmem import parse_pressure
 
 CgroupVersion = Literal[1, 2]
 MAX_SCAN_DEPTH = 8
@@ -41,10 +47,13 @@ DEFAULT_REFRESH_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class CgroupMemory:
-    """One cgroup's RAM working set and OOM-kill count; None where unreadable."""
+    """One cgroup's RAM working set, OOM-kill count, swap in use (bytes) and memory
+    pressure; None where unreadable or not read (swap and pressure: pods only)."""
 
     working_set_bytes: int | None
     oom_kills: int | None
+    swap_bytes: int | None = None
+    pressure: MemoryPressure | None = None
 
 
 @dataclass(slots=True)
@@ -193,7 +202,7 @@ class CgroupMemoryReader:
         return pod
 
     def _read_pod(self, cgroup: PodCgroup) -> PodMemory:
-        pod = self.read_cgroup(cgroup.path)
+        pod = self.read_cgroup(cgroup.path, swap_and_pressure=True)
         # On v2 a pod's oom_kill counts its containers' too: while it stands still,
         # the containers' counts are those read last time (one file less per container).
         unchanged = self.version == 2 and pod.oom_kills is not None and self._oom.get(cgroup.path) == pod.oom_kills
@@ -208,13 +217,18 @@ class CgroupMemoryReader:
             pod = CgroupMemory(
                 pod.working_set_bytes,
                 pod.oom_kills + sum(c.oom_kills or 0 for c in containers.values()),
+                pod.swap_bytes,
+                pod.pressure,
             )
         return PodMemory(pod=pod, containers=containers)
 
-    def read_cgroup(self, directory: str | Path, oom_kills: int | None = None) -> CgroupMemory:
+    def read_cgroup(
+        self, directory: str | Path, oom_kills: int | None = None, swap_and_pressure: bool = False
+    ) -> CgroupMemory:
         """Working set and OOM kills of one cgroup directory; None for what is unreadable.
 
-        ``oom_kills``, when given, is used instead of reading the events file.
+        ``oom_kills``, when given, is used instead of reading the events file;
+        ``swap_and_pressure`` reads swap in use and memory pressure too.
         """
         v2 = self.version == 2
         usage = _read_int(f"{directory}/{'memory.current' if v2 else 'memory.usage_in_bytes'}")
@@ -225,7 +239,20 @@ class CgroupMemoryReader:
         if oom_kills is None:
             events = _read(f"{directory}/{'memory.events' if v2 else 'memory.oom_control'}")
             oom_kills = None if events is None else _keyed(events, _OOM_KILL)
-        return CgroupMemory(working_set_bytes=ws, oom_kills=oom_kills)
+        if not swap_and_pressure:
+            return CgroupMemory(working_set_bytes=ws, oom_kills=oom_kills)
+        return CgroupMemory(ws, oom_kills, self._swap(directory, usage), self._pressure(directory))
+
+    def _swap(self, directory: str | Path, usage: int | None) -> int | None:
+        """Swap in use, bytes: v1's memsw counts memory plus swap, so memory is taken off."""
+        if self.version == 2:
+            return _read_int(f"{directory}/memory.swap.current")
+        memsw = _read_int(f"{directory}/memory.memsw.usage_in_bytes")
+        return None if memsw is None or usage is None else max(0, memsw - usage)
+
+    def _pressure(self, directory: str | Path) -> MemoryPressure | None:
+        data = _read(f"{directory}/memory.pressure") if self.version == 2 else None
+        return None if data is None else parse_pressure(data.decode(errors="replace"))
 
 
 # "key value" lines of memory.stat, memory.events and memory.oom_control.

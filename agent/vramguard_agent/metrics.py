@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from vramguard_api.usage import GPUDevice, NodeGPUUsageStatus
+from vramguard_api.usage import GPUDevice, MemoryPressure, NodeGPUUsageStatus
 
 from .report import NodeReport
 
@@ -75,6 +75,8 @@ class UsageCollector:
         yield from _device_families(snap)
         yield from _pod_families(snap)
         yield from _limit_families(snap)
+        yield from _host_memory_families(snap)
+        yield from _dmem_families(snap)
 
 
 def _device_labels(device: GPUDevice, by_uuid: dict[str, GPUDevice], node: str) -> list[str]:
@@ -105,6 +107,9 @@ _DEVICE_GAUGES = {
     "complete": ("vramguard_gpu_processes_complete", "1 when every process's memory is known and accounted."),
     "healthy": ("vramguard_gpu_healthy", "1 when the device answers NVML."),
     "unattributed": ("vramguard_gpu_unattributed_memory_bytes", "Memory of GPU processes in no pod."),
+    # Percent, as dcgm-exporter's DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_MEM_COPY_UTIL are.
+    "gpu_util": ("vramguard_gpu_utilization_percent", "Percent of time a kernel ran (NVML utilization.gpu)."),
+    "mem_util": ("vramguard_gpu_memory_copy_utilization_percent", "Percent of time memory was read or written."),
 }
 
 
@@ -130,7 +135,12 @@ def _device_families(snap: Snapshot) -> Iterator[Metric]:
         families["complete"].add_metric(labels, 1 if d.processes_complete else 0)
         families["healthy"].add_metric(labels, 1 if d.health == "Healthy" else 0)
         families["unattributed"].add_metric(labels, unattributed.get(d.uuid, 0))
+        if d.gpu_utilization_percent is not None:
+            families["gpu_util"].add_metric(labels, d.gpu_utilization_percent)
+        if d.memory_utilization_percent is not None:
+            families["mem_util"].add_metric(labels, d.memory_utilization_percent)
     yield from families.values()
+    yield _pod_utilization_family(snap, by_uuid)
     yield _container_family(snap, by_uuid)
 
 
@@ -144,6 +154,22 @@ def _container_family(snap: Snapshot, by_uuid: dict[str, GPUDevice]) -> Metric:
         device = by_uuid.get(c.device_uuid)
         if device is not None:
             family.add_metric([*_device_labels(device, by_uuid, snap.node), c.namespace, c.pod, c.container], c.used_bytes)
+    return family
+
+
+def _pod_utilization_family(snap: Snapshot, by_uuid: dict[str, GPUDevice]) -> Metric:
+    assert snap.status is not None
+    family = _gauge(
+        "vramguard_pod_gpu_sm_utilization_percent",
+        "SM utilisation of a pod's processes on one device (NVML process utilisation, summed).",
+        [*DEVICE_LABELS, "namespace", "pod"],
+    )
+    for p in snap.status.pods:
+        for d in p.devices:
+            device = by_uuid.get(d.uuid)
+            if device is not None and d.sm_utilization_percent is not None:
+                labels = [*_device_labels(device, by_uuid, snap.node), p.namespace or "", p.name or p.uid]
+                family.add_metric(labels, d.sm_utilization_percent)
     return family
 
 
@@ -221,6 +247,73 @@ def _limit_families(snap: Snapshot) -> Iterator[Metric]:
             if e.soft_limit_bytes is not None:
                 held.add_metric([*pod, "soft"], e.soft_limit_bytes)
     yield from (support, held, applied)
+
+
+# PSI lines as node_exporter and cAdvisor name them: "some" is waiting, "full" is stalled.
+_PRESSURE_NAMES = {"some": "waiting", "full": "stalled"}
+
+
+def _host_memory_families(snap: Snapshot) -> Iterator[Metric]:
+    """Swap and memory pressure of the node and its pods (read only; docs/swap-and-pressure.md)."""
+    assert snap.status is not None
+    status, node = snap.status, snap.node
+    swap = _gauge("vramguard_pod_memory_swap_bytes", "Swap in use by a pod's cgroup.", POD_LABELS)
+    rates = {
+        "in": _gauge("vramguard_node_swap_in_bytes_per_second", "Swap-in rate of the node (pswpin).", ["Hostname"]),
+        "out": _gauge("vramguard_node_swap_out_bytes_per_second", "Swap-out rate of the node (pswpout).", ["Hostname"]),
+    }
+    node_psi = {
+        kind: CounterMetricFamily(
+            f"vramguard_node_pressure_memory_{word}_seconds",
+            f"Time tasks of the node were {word} on memory (PSI {kind} total).",
+            labels=["Hostname"],
+        )
+        for kind, word in _PRESSURE_NAMES.items()
+    }
+    pod_psi = {
+        kind: CounterMetricFamily(
+            f"vramguard_pod_pressure_memory_{word}_seconds",
+            f"Time tasks of a pod were {word} on memory (PSI {kind} total of memory.pressure).",
+            labels=POD_LABELS,
+        )
+        for kind, word in _PRESSURE_NAMES.items()
+    }
+    host = status.host_memory
+    if host is not None:
+        for direction, value in (("in", host.swap_in_bytes_per_second), ("out", host.swap_out_bytes_per_second)):
+            if value is not None:
+                rates[direction].add_metric([node], value)
+        _add_pressure(node_psi, [node], host.pressure)
+    for p in status.pods:
+        labels = [p.namespace or "", p.name or p.uid, node]
+        if p.swap_bytes is not None:
+            swap.add_metric(labels, p.swap_bytes)
+        _add_pressure(pod_psi, labels, p.memory_pressure)
+    yield from (swap, *rates.values(), *node_psi.values(), *pod_psi.values())
+
+
+def _dmem_families(snap: Snapshot) -> Iterator[Metric]:
+    """Pods' charges on the kernel's dmem regions (docs/dmem.md); ``region`` names the device."""
+    assert snap.status is not None
+    labels = [*POD_LABELS, "region"]
+    families = {
+        "current": _gauge("vramguard_pod_dmem_current_bytes", "A pod cgroup's dmem.current on a region.", labels),
+        "max": _gauge("vramguard_pod_dmem_max_bytes", "A pod cgroup's dmem.max on a region (absent: max).", labels),
+    }
+    for p in snap.status.pods:
+        for r in p.dmem or ():
+            pod = [p.namespace or "", p.name or p.uid, snap.node, r.region]
+            for key, value in (("current", r.current_bytes), ("max", r.max_bytes)):
+                if value is not None:
+                    families[key].add_metric(pod, value)
+    yield from families.values()
+
+
+def _add_pressure(families: dict[str, CounterMetricFamily], labels: list[str], psi: MemoryPressure | None) -> None:
+    for kind, family in families.items():
+        line = getattr(psi, kind) if psi is not None else None
+        if line is not None:
+            family.add_metric(labels, line.total_microseconds / 1e6)
 
 
 class AgentMetrics:

@@ -25,6 +25,7 @@ from .gpu import (
     GPUSample,
     MemoryInfo,
 )
+from .utilization import mean_sm_util
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class NVMLBackend:
         # Feature probes, remembered once the library says a symbol is missing.
         self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")
         self._process_v3 = dict.fromkeys(PROCESS_LISTS, True)
+        self._util_seen: dict[str, int] = {}  # device UUID -> newest process-utilisation timestamp, µs
 
     @property
     def library(self) -> Any:
@@ -142,6 +144,7 @@ class NVMLBackend:
                 device.processes = []  # listed per MIG device
                 return [device, *self._mig_devices(handle, device)]
             device.processes, device.process_error = self._processes(handle)
+            self._utilization(handle, device)
         except nvml.NVMLError as err:
             return [self._failed(device, err)]
         return [device]
@@ -163,6 +166,28 @@ class NVMLBackend:
         except (self._nvml.NVMLError_NotSupported, self._nvml.NVMLError_FunctionNotFound):
             return None
         return transform(value) if transform else value
+
+    def _utilization(self, handle: Any, device: DeviceSample) -> None:
+        """Device and per-process utilisation (``utilization``); NotSupported leaves them None,
+        NotFound (no sample since the last read) means no process computed. Any other
+        error but a lost GPU leaves them None too: utilisation never fails the device's memory."""
+        nvml = self._nvml
+        since = self._util_seen.get(device.uuid, 0)
+        try:
+            rates = self._optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+            if rates is not None:
+                device.utilization_gpu, device.utilization_memory = int(rates.gpu), int(rates.memory)
+            try:
+                samples = self._optional(nvml.nvmlDeviceGetProcessUtilization, handle, since)
+            except nvml.NVMLError_NotFound:
+                samples = []
+        except nvml.NVMLError as err:
+            if isinstance(err, nvml.NVMLError_GpuIsLost):
+                raise
+            log.debug("utilisation of %s: %s", device.uuid, describe(err))
+            return
+        if samples is not None:
+            device.process_utilization, self._util_seen[device.uuid] = mean_sm_util(samples, since)
 
     def _mig_enabled(self, handle: Any) -> bool:
         modes = self._optional(self._nvml.nvmlDeviceGetMigMode, handle)

@@ -32,14 +32,19 @@ from vramguard_api.usage import (
     ContainerUsage,
     DeviceMemory,
     DeviceUsage,
+    DmemRegion,
     GPUDevice,
+    HostMemory,
+    MemoryPressure,
     NodeGPUUsageStatus,
     PodUsage,
     UnattributedProcess,
+    VRAMSource,
 )
 from vramguard_api.usage import Attribution as PodAttribution
 
 from .aggregation import Aggregation, PodVRAM, sum_or_none
+from .dmem import vram_source
 from .gpu import DeviceSample, GPUSample
 from .limits_plan import LimitEntry, PodLimits
 from .memory import CgroupMemory, PodMemory
@@ -96,6 +101,8 @@ def _device(d: DeviceSample, agg: Aggregation) -> GPUDevice:
         processesComplete=agg.complete.get(d.uuid, False) if healthy else False,
         health=d.health,
         error=(d.error or None) and d.error[:1024],
+        gpuUtilizationPercent=d.utilization_gpu,
+        memoryUtilizationPercent=d.utilization_memory,
         memoryLimits=None if support is None else ("Supported" if support.supported else "Unsupported"),
         memoryLimitsReason=support.reason if support else None,
         memoryLimitsMessage=support.message[:1024] if support else None,
@@ -111,7 +118,9 @@ class PodInputs:
     set) are keyed by cgroup uid too;
     ``gpu_pods`` are cgroup uids of pods that use a GPU but have no process now;
     ``container_names`` adds names for container ids the API does not show;
-    ``memory_limits`` holds pods' driver-enforced memory limits (``caps``), by cgroup uid.
+    ``memory_limits`` holds pods' driver-enforced memory limits (``caps``), by cgroup uid;
+    ``sm_utilization``: cgroup uid → device UUID → SM percent (``utilization``);
+    ``dmem``: cgroup uid → its dmem charges per NVIDIA region (``dmem``).
     """
 
     pods: Mapping[str, PodMeta] = field(default_factory=dict)
@@ -121,6 +130,8 @@ class PodInputs:
     gpu_pods: Iterable[str] = ()
     container_names: Mapping[str, str] = field(default_factory=dict)
     memory_limits: Mapping[str, PodLimits] = field(default_factory=dict)
+    sm_utilization: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    dmem: Mapping[str, list[DmemRegion]] = field(default_factory=dict)
 
 
 class DeviceEntry(NamedTuple):
@@ -128,6 +139,7 @@ class DeviceEntry(NamedTuple):
 
     uuid: str
     used_bytes: int | None
+    sm_utilization_percent: int | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +165,10 @@ class PodEntry:
     vram_bytes: int | None = None
     ram_working_set_bytes: int | None = None
     oom_kills: int | None = None
+    swap_bytes: int | None = None
+    memory_pressure: MemoryPressure | None = None
+    vram_source: VRAMSource | None = None
+    dmem: list[DmemRegion] | None = None
     devices: list[DeviceEntry] = field(default_factory=list)
     containers: list[ContainerEntry] = field(default_factory=list)
     trend: TrendFeatures | None = None
@@ -179,10 +195,13 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
         devices: list[DeviceEntry] = []
     else:
         total = vram.total
-        devices = [DeviceEntry(u, b) for u, b in vram.devices.items()]
+        util = inputs.sm_utilization.get(uid, {})
+        devices = [DeviceEntry(u, b, util.get(u)) for u, b in vram.devices.items()]
     containers = _containers(vram, ram, meta, inputs.container_names, total is None)
     qos = (meta.qos_class if meta else None) or (vram.qos if vram else None)
     limits = inputs.memory_limits.get(uid) or PodLimits()
+    dmem = inputs.dmem.get(uid)
+    total, source = vram_source(total, vram is not None and bool(vram.devices), dmem)
     return PodEntry(
         uid=meta.uid if meta else uid,
         namespace=meta.namespace if meta else None,
@@ -190,8 +209,12 @@ def _pod(uid: str, vram: PodVRAM | None, listing_failed: bool, inputs: PodInputs
         qos_class=qos,
         attribution="Unknown" if total is None else "Measured",
         vram_bytes=total,
+        vram_source=source,
+        dmem=dmem,
         ram_working_set_bytes=ram.pod.working_set_bytes if ram else None,
         oom_kills=ram.pod.oom_kills if ram else None,
+        swap_bytes=ram.pod.swap_bytes if ram else None,
+        memory_pressure=ram.pod.pressure if ram else None,
         devices=devices,
         containers=containers,
         trend=inputs.trends.get(uid),
@@ -330,6 +353,7 @@ class NodeReport:
     pods: list[PodEntry]
     unattributed: list[UnattributedProcess]
     truncated: bool
+    host_memory: HostMemory | None = None
     _status: NodeGPUUsageStatus | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_status(self) -> NodeGPUUsageStatus:
@@ -347,6 +371,7 @@ class NodeReport:
                 unattributed=self.unattributed,
                 truncated=self.truncated,
                 healthyDevices=sum(d.health == "Healthy" for d in self.devices),
+                hostMemory=self.host_memory,
             )
         return self._status
 
@@ -361,7 +386,14 @@ def _pod_usage(p: PodEntry) -> PodUsage:
         vramBytes=p.vram_bytes,
         ramWorkingSetBytes=p.ram_working_set_bytes,
         oomKills=p.oom_kills,
-        devices=[DeviceUsage(uuid=d.uuid, usedBytes=d.used_bytes) for d in p.devices],
+        swapBytes=p.swap_bytes,
+        memoryPressure=p.memory_pressure,
+        vramSource=p.vram_source,
+        dmem=p.dmem,
+        devices=[
+            DeviceUsage(uuid=d.uuid, usedBytes=d.used_bytes, smUtilizationPercent=d.sm_utilization_percent)
+            for d in p.devices
+        ],
         containers=[
             ContainerUsage(
                 name=c.name,
@@ -388,8 +420,10 @@ def build_report(
     now: datetime,
     previous_conditions: Iterable[Condition] | None = None,
     bounds: Bounds = DEFAULT_BOUNDS,
+    host_memory: HostMemory | None = None,
 ) -> NodeReport:
-    """The node's report for one sample (see the module docstring)."""
+    """The node's report for one sample (see the module docstring); ``host_memory``:
+    the node's swap and memory pressure (``hostmem``)."""
     pods, unattributed, devices, truncated = bound(
         build_pods(agg, inputs), list(agg.unattributed), build_devices(sample, agg), bounds
     )
@@ -401,5 +435,6 @@ def build_report(
         pods=pods,
         unattributed=unattributed,
         truncated=truncated,
+        host_memory=host_memory,
     )
 

@@ -24,18 +24,21 @@ from pathlib import Path
 from vramguard_api import conditions as C
 from vramguard_api.history import HistoryStore
 from vramguard_api.meta import Condition
-from vramguard_api.usage import AgentInfo, NodeGPUUsageStatus
+from vramguard_api.usage import AgentInfo, HostMemory, NodeGPUUsageStatus
 
 from . import __version__
 from .aggregation import Aggregation, aggregate
 from .cgroups import Attribution, NotInPod, attribute_pid
+from .dmem import DmemReader, DmemRegion, vram_source
 from .ends import EndTracker
 from .gpu import BackendUnavailable, GPUBackend, GPUSample
+from .hostmem import HostMemoryReader
 from .limits_plan import PodLimits
 from .memory import CgroupMemoryReader, PodMemory
 from .metrics import ContainerDeviceUsage
 from .pods import PodMeta
 from .report import DEFAULT_BOUNDS, Bounds, NodeReport, PodInputs, build_report
+from .utilization import pod_sm_utilization
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +76,9 @@ class Reading:
     """What ``Sampler.read`` read: the sample's times (``now``, wall clock; ``history_s``,
     the histories' clock, seconds), the GPU sample or the backend's error, its
     aggregation by pod, the node's pods (cgroup uid → meta), the GPU pods among
-    them, the pods' memory and each GPU process's attribution (host pid →
-    its pod or why none)."""
+    them, the pods' memory, each GPU process's attribution (host pid → its pod
+    or why none), the pods' dmem charges (cgroup uid → NVIDIA regions) and the
+    node's swap and memory pressure."""
 
     now: datetime
     history_s: float
@@ -85,6 +89,8 @@ class Reading:
     gpu_pods: list[str]
     memory: dict[str, PodMemory]
     attributions: Mapping[int, Attribution | NotInPod]
+    dmem: dict[str, list[DmemRegion]]
+    host: HostMemory
 
 
 class Sampler:
@@ -100,6 +106,8 @@ class Sampler:
     pods (``caps.CapEnforcer.cgroups_needed``). ``history`` keeps the pods' VRAM
     series, ``ram_history`` their RAM working sets: the same store and trend
     schedule for each, so one leak detector judges both memories.
+    ``host_memory`` reads the node's swap and memory pressure (default: under ``proc_root``);
+    ``dmem`` reads pods' dmem charges (cgroup v2; default: under the memory reader's root).
     """
 
     def __init__(
@@ -117,6 +125,8 @@ class Sampler:
         cache_key: Callable[[], object] = lambda: None,
         history_clock: Callable[[], float] | None = None,
         cgroups_needed: Callable[[Mapping[str, PodMeta]], Iterable[str]] = lambda pods: (),
+        host_memory: HostMemoryReader | None = None,
+        dmem: DmemReader | None = None,
     ) -> None:
         self.backend = backend
         self.proc_root = Path(proc_root)
@@ -133,6 +143,8 @@ class Sampler:
         self.history_clock = history_clock or wall_clock
         self.cache_key = cache_key
         self.cgroups_needed = cgroups_needed
+        self.host_memory = host_memory if host_memory is not None else HostMemoryReader(self.proc_root)
+        self.dmem = dmem if dmem is not None else DmemReader(self.memory.root)
         self.ends = EndTracker()  # the ends between samples (ends.py), published with the report
         self._cache_key: object = None
         self._attributions: dict[int, Attribution | NotInPod] = {}
@@ -163,7 +175,9 @@ class Sampler:
         for uid, vram in agg.pods.items():
             wanted.setdefault(uid, set()).update(vram.containers)
         memory = self.memory.read(wanted, now=history_s)  # a simulation refreshes RAM in scenario time
-        return Reading(now, history_s, gpu, error, agg, pods, gpu_pods, memory, attributions)
+        dmem = self.dmem.read(wanted, self._pod_directory) if self.memory.version == 2 else {}
+        host = self.host_memory.read()
+        return Reading(now, history_s, gpu, error, agg, pods, gpu_pods, memory, attributions, dmem, host)
 
     def report(
         self, reading: Reading, limits: Mapping[str, PodLimits] | None = None, enforce_caps: bool = False
@@ -174,6 +188,10 @@ class Sampler:
         # A GPU pod without a process holds 0 (kept: the leak detector reads zeros as restarts).
         idle = None if agg.listing_failed else 0
         vram_now = {uid: idle for uid in reading.gpu_pods} | {uid: vram.total for uid, vram in agg.pods.items()}
+        for uid, regions in reading.dmem.items():  # the leak detector follows the pod's VRAM from either source
+            if uid in vram_now:
+                attributed = uid in agg.pods and bool(agg.pods[uid].devices)
+                vram_now[uid] = vram_source(vram_now[uid], attributed, regions)[0]
         self.history.add(reading.history_s, vram_now)
         ram_now = {uid: m.pod.working_set_bytes for uid, m in reading.memory.items()}
         self.ram_history.add(reading.history_s, ram_now)
@@ -186,6 +204,8 @@ class Sampler:
             gpu_pods=reading.gpu_pods,
             container_names=names,
             memory_limits=limits or {},
+            sm_utilization=pod_sm_utilization(gpu, reading.attributions),
+            dmem=reading.dmem,
         )
         agent = AgentInfo(
             version=__version__,
@@ -194,10 +214,16 @@ class Sampler:
             driverVersion=gpu.driver_version if gpu else None,
             enforceCaps=enforce_caps,
         )
-        report = build_report(gpu, reading.error, agg, inputs, agent, reading.now, self._conditions, self.bounds)
+        report = build_report(
+            gpu, reading.error, agg, inputs, agent, reading.now, self._conditions, self.bounds, reading.host
+        )
         self._conditions = report.conditions
         self.ends.observe(gpu, reading.attributions, report, reading.now)
         return SampleResult(report, functools.partial(container_devices, agg, pods, names), reading.error)
+
+    def _pod_directory(self, uid: str) -> Path | None:
+        relative = self.memory.pod_cgroup_path(uid)
+        return None if relative is None else self.memory.root / relative.lstrip("/")
 
     def _gpu(self) -> tuple[GPUSample | None, str | None]:
         try:

@@ -24,6 +24,8 @@ DeviceHealth = Literal["Healthy", "Lost", "Error"]
 MemoryLimitsSupport = Literal["Supported", "Unsupported"]
 MemoryLimitState = Literal["Applied", "Pending", "Failed", "Unsupported", "Disabled"]
 
+VRAMSource = Literal["NVML", "Dmem"]
+
 MAX_PODS = 256
 MAX_UNATTRIBUTED = 64
 MAX_DEVICES = 64
@@ -104,6 +106,22 @@ class GPUDevice(APIModel):
     )
     health: DeviceHealth = Field(default="Healthy", description="Healthy, Lost (fell off the bus) or Error.")
     error: str | None = Field(default=None, max_length=1024, description="The NVML error when health is not Healthy.")
+    gpu_utilization_percent: int | None = Field(
+        default=None,
+        alias="gpuUtilizationPercent",
+        ge=0,
+        le=100,
+        description="Percent of the last sample period in which a kernel ran (nvmlDeviceGetUtilizationRates "
+        "gpu; dcgm-exporter's DCGM_FI_DEV_GPU_UTIL); absent where NVML gives none (MIG, vGPU guests).",
+    )
+    memory_utilization_percent: int | None = Field(
+        default=None,
+        alias="memoryUtilizationPercent",
+        ge=0,
+        le=100,
+        description="Percent of the last sample period in which device memory was read or written "
+        "(nvmlDeviceGetUtilizationRates memory; DCGM_FI_DEV_MEM_COPY_UTIL).",
+    )
     memory_limits: MemoryLimitsSupport | None = Field(
         default=None,
         alias="memoryLimits",
@@ -131,6 +149,14 @@ class DeviceUsage(APIModel):
         ge=0,
         le=MAX_BYTES,
         description="VRAM used on the device, bytes; absent when unknown; at most 2^53.",
+    )
+    sm_utilization_percent: int | None = Field(
+        default=None,
+        alias="smUtilizationPercent",
+        ge=0,
+        le=100,
+        description="SM utilisation of the pod's processes on the device since the previous sample "
+        "(nvmlDeviceGetProcessUtilization smUtil, summed, at most 100); absent where NVML gives none.",
     )
 
 
@@ -186,6 +212,75 @@ class ContainerUsage(APIModel):
     oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills counted by the cgroup.")
 
 
+class DmemRegion(APIModel):
+    """A pod cgroup's charge on one device memory region of the kernel's dmem controller
+    (cgroup v2, Linux 6.14+, NVIDIA driver r615+; Documentation/admin-guide/cgroup-v2.rst)."""
+
+    region: str = Field(max_length=128, description="Region name from dmem.capacity, e.g. nvidia/0000:3b:00.0/vidmem.")
+    current_bytes: int | None = Field(
+        default=None, alias="currentBytes", ge=0, le=MAX_BYTES, description="dmem.current, bytes; at most 2^53."
+    )
+    min_bytes: int | None = Field(
+        default=None,
+        alias="minBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="dmem.min (protected memory), bytes; absent: max or unreadable.",
+    )
+    max_bytes: int | None = Field(
+        default=None,
+        alias="maxBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="dmem.max (hard limit), bytes; absent: no limit (max) or unreadable.",
+    )
+
+
+class PressureFigures(APIModel):
+    """One line of a PSI file (``Documentation/accounting/psi.rst``): the share of
+    time tasks stalled on memory, as percentages over 10, 60 and 300 seconds, and
+    the total stall time."""
+
+    avg10: float = Field(ge=0, le=100, allow_inf_nan=False, description="Percent of the last 10 seconds.")
+    avg60: float = Field(ge=0, le=100, allow_inf_nan=False, description="Percent of the last 60 seconds.")
+    avg300: float = Field(ge=0, le=100, allow_inf_nan=False, description="Percent of the last 300 seconds.")
+    total_microseconds: int = Field(
+        alias="totalMicroseconds", ge=0, description="Total stall time since the cgroup or the boot, microseconds."
+    )
+
+
+class MemoryPressure(APIModel):
+    """Memory pressure stall information (PSI): ``/proc/pressure/memory`` for the node,
+    a cgroup v2 ``memory.pressure`` for a pod."""
+
+    some: PressureFigures | None = Field(
+        default=None, description="Time at least one task stalled waiting for memory."
+    )
+    full: PressureFigures | None = Field(default=None, description="Time all non-idle tasks stalled at once.")
+
+
+class HostMemory(APIModel):
+    """The node's swap activity and memory pressure, read only (the kubelet owns swap and eviction)."""
+
+    swap_in_bytes_per_second: float | None = Field(
+        default=None,
+        alias="swapInBytesPerSecond",
+        ge=0,
+        allow_inf_nan=False,
+        description="Swap-in rate since the previous sample (pswpin of /proc/vmstat times the page size), bytes/s.",
+    )
+    swap_out_bytes_per_second: float | None = Field(
+        default=None,
+        alias="swapOutBytesPerSecond",
+        ge=0,
+        allow_inf_nan=False,
+        description="Swap-out rate since the previous sample (pswpout of /proc/vmstat), bytes/s.",
+    )
+    pressure: MemoryPressure | None = Field(
+        default=None, description="Memory pressure of the node (/proc/pressure/memory); absent without PSI."
+    )
+
+
 class PodUsage(APIModel):
     """One pod's usage on the node."""
 
@@ -213,6 +308,28 @@ class PodUsage(APIModel):
         description="RAM working set of the pod, bytes; at most 2^53.",
     )
     oom_kills: int | None = Field(default=None, alias="oomKills", ge=0, description="OOM kills in the pod's cgroups.")
+    swap_bytes: int | None = Field(
+        default=None,
+        alias="swapBytes",
+        ge=0,
+        le=MAX_BYTES,
+        description="Swap in use by the pod's cgroup (v2 memory.swap.current; v1 memory.memsw.usage_in_bytes "
+        "less memory.usage_in_bytes), bytes; absent without swap accounting; at most 2^53.",
+    )
+    memory_pressure: MemoryPressure | None = Field(
+        default=None, alias="memoryPressure", description="The pod cgroup's memory.pressure (cgroup v2 only)."
+    )
+    vram_source: VRAMSource | None = Field(
+        default=None,
+        alias="vramSource",
+        description="Where vramBytes came from: NVML (per-process memory) or Dmem (the kernel's dmem.current, "
+        "when NVML attributes no process to the pod, e.g. an MPS client); absent when unknown.",
+    )
+    dmem: list[DmemRegion] | None = Field(
+        default=None,
+        max_length=MAX_DEVICES,
+        description="The pod cgroup's dmem charges per NVIDIA region; absent without the dmem controller.",
+    )
     devices: list[DeviceUsage] = Field(default_factory=list, max_length=MAX_DEVICES, description="VRAM per device.")
     containers: list[ContainerUsage] = Field(default_factory=list, max_length=64, description="Usage per container.")
     trend: TrendFeatures | None = Field(default=None, description="VRAM trend features for leak detection.")
@@ -305,6 +422,9 @@ class NodeGPUUsageStatus(APIModel):
         default=None, alias="healthyDevices", ge=0, le=MAX_DEVICES,
         description="Devices that answered NVML in this sample (health Healthy); 0 when the agent can read none "
         "(its AgentHealthy condition says why, and its readiness fails).",
+    )
+    host_memory: HostMemory | None = Field(
+        default=None, alias="hostMemory", description="The node's swap activity and memory pressure."
     )
 
 

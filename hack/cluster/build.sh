@@ -4,6 +4,7 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl: k8s.io/kubernetes
 #     (kubectl at the cluster's version: every script, the demo and the e2e tests
 #     use this one, never a kubectl on the host's PATH)
+#   promtool (make verify checks the chart's alert rules): github.com/prometheus/prometheus
 #   etcd: go.etcd.io/etcd/server/v3;  kwok, kwokctl: sigs.k8s.io/kwok;  helm: helm.sh/helm/v3
 #   the real node (VG_REAL_NODE, docs/real-node.md): kubelet from k8s.io/kubernetes;
 #   containerd, containerd-shim-runc-v2, ctr from github.com/containerd/containerd/v2;
@@ -145,6 +146,8 @@ step "etcd $ETCD_VERSION" "$ETCD_BIN/etcd" build_etcd
 step "kwok $KWOK_VERSION" "$KWOK_BIN/kwokctl" go_install "$KWOK_BIN" \
   "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"
 step "helm $HELM_VERSION" "$HELM_BIN/helm" build_helm
+step "promtool $PROMETHEUS_VERSION" "$PROMTOOL_BIN/promtool" go_install "$PROMTOOL_BIN" \
+  "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
 step "kubernetes $K8S_VERSION" "$K8S_BIN/kube-apiserver" build_kubernetes
 step "kubectl $K8S_VERSION" "$KUBECTL" build_kubectl
 # The real node (docs/real-node.md) needs root for its Debian packages, cgroups and mounts.

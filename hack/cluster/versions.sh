@@ -4,6 +4,8 @@ K8S_VERSION=${K8S_VERSION:-v1.36.3}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+# promtool checks the chart's alert rules (make verify): Prometheus 3.16's Go module version.
+PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
 
 VG_CACHE=${VG_CACHE:-$HOME/.cache/vramguard}
 VG_BIN=$VG_CACHE/bin
@@ -13,6 +15,7 @@ K8S_BIN=$VG_BIN/kubernetes-$K8S_VERSION
 ETCD_BIN=$VG_BIN/etcd-$ETCD_VERSION
 KWOK_BIN=$VG_BIN/kwok-$KWOK_VERSION
 HELM_BIN=$VG_BIN/helm-$HELM_VERSION-k8s  # -k8s: built with the Kubernetes version stamped
+PROMTOOL_BIN=$VG_BIN/promtool-$PROMETHEUS_VERSION
 KUBECTL_BIN=$VG_BIN/kubectl-$K8S_VERSION
 KUBECTL=$KUBECTL_BIN/kubectl
 

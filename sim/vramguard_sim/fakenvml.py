@@ -38,7 +38,14 @@ Behaviours reproduced (see docs/agent.md and the NVML notes):
   (``pid_cgroups``); ``refuse_max_below_usage`` keeps the old hard limit when
   the new one is below that usage (the kernel's dmem controller, Linux 6.14,
   refuses such a max with EBUSY and its caller ignores it). These are in
-  ``fakenvml_limits``.
+  ``fakenvml_limits``;
+- utilisation: ``nvmlDeviceGetUtilizationRates`` returns nvidia-ml-py's own
+  ``c_nvmlUtilization_t`` (gpu, memory: percent) and ``nvmlDeviceGetProcessUtilization(handle,
+  timeStamp)`` a list of its ``c_nvmlProcessUtilizationSample_t`` (pid, timeStamp in
+  microseconds, smUtil, memUtil, encUtil, decUtil), one per process, stamped
+  ``FakeNVML.time_us``, only when newer than ``timeStamp``: ``NOT_FOUND`` when there is
+  no sample newer (the driver's answer), ``NOT_SUPPORTED`` on MIG devices, MIG-enabled
+  GPUs and vGPU guests (both calls; the driver cannot split an instance's or a guest's time).
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ class FakeProcess:
     pid: int
     used_bytes: int
     kind: str = "compute"
+    sm_util: int = 0
+    mem_util: int = 0
 
 
 @dataclass
@@ -104,6 +113,8 @@ class FakeGPU:
     hide_processes: bool = False
     memory_error: int | None = None
     memory_limits_error: int | None = None
+    utilization_gpu: int = 0
+    utilization_memory: int = 0
 
     def process_bytes(self) -> int:
         """True memory held by processes (and MIG devices) on the GPU, bytes."""
@@ -141,6 +152,7 @@ class FakeNVML(FakeMemoryLimits):
         self.no_v3 = False
         self.no_memory_v2 = False
         self.init_error: int | None = None
+        self.time_us = 1_700_000_000_000_000  # the driver's sample clock, microseconds
         self.init_memory_limits()
         self.calls: dict[str, int] = {}
         self._refcount = 0
@@ -304,6 +316,30 @@ class FakeNVML(FakeMemoryLimits):
         if not handle.mig:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return handle.mig.compute_instance_id
+
+    # --- utilisation ---------------------------------------------------------
+
+    def _check_utilization(self, handle: _Handle) -> FakeGPU:
+        gpu = self._device(handle)
+        if handle.mig or gpu.mig_devices is not None or gpu.virtualization_mode == _real.NVML_GPU_VIRTUALIZATION_MODE_VGPU:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
+        self._count("nvmlDeviceGetUtilizationRates")
+        gpu = self._check_utilization(handle)
+        return _real.c_nvmlUtilization_t(gpu=gpu.utilization_gpu, memory=gpu.utilization_memory)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[Any]:  # noqa: N803 - pynvml's name
+        self._count("nvmlDeviceGetProcessUtilization")
+        gpu = self._check_utilization(handle)
+        if not gpu.processes or self.time_us <= timeStamp:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        sample = _real.c_nvmlProcessUtilizationSample_t
+        return [
+            sample(pid=p.pid, timeStamp=self.time_us, smUtil=p.sm_util, memUtil=p.mem_util, encUtil=0, decUtil=0)
+            for p in gpu.processes
+        ]
 
     # --- processes -----------------------------------------------------------
 

@@ -90,7 +90,9 @@ def test_the_plain_report_is_the_api_model_field_for_field(tmp_path):
     for entry, pod in zip(report.pods, status.pods, strict=True):
         for name in ("uid", "namespace", "name", "qos_class", "attribution", "vram_bytes", "trend"):
             assert getattr(entry, name) == getattr(pod, name)
-        assert [tuple(d) for d in entry.devices] == [(d.uuid, d.used_bytes) for d in pod.devices]
+        assert [tuple(d) for d in entry.devices] == [
+            (d.uuid, d.used_bytes, d.sm_utilization_percent) for d in pod.devices
+        ]
         assert [(c.container_id, c.name, c.ram_working_set_bytes) for c in entry.containers] == [
             (c.container_id, c.name, c.ram_working_set_bytes) for c in pod.containers
         ]
@@ -295,3 +297,27 @@ def test_ram_history_gives_a_loader_whose_working_set_grows_a_ram_leak_and_page_
     assert loader_vram is not None and loader_vram.leak is False
     reader_ram = pods["reader"].ram_trend
     assert reader_ram is not None and reader_ram.leak is False and reader_ram.growth_bytes_per_hour < 16 * MIB
+
+
+def test_a_gpu_pod_nvml_cannot_attribute_takes_its_vram_from_dmem(tmp_path):
+    """An MPS client: no process of its own in NVML's lists, but the kernel's dmem
+    controller charged its cgroup; the leak detector's history follows that figure."""
+    now = [0.0]
+    sampler = make(tmp_path, now, history=HistoryStore(trend_interval_s=0.0))
+    first = {p.name: p for p in sampler.sample().status.pods}
+    assert first["idle"].vram_bytes == 0 and first["idle"].vram_source == "NVML" and first["idle"].dmem is None
+    region = "nvidia/0000:3b:00.0/vidmem"
+    root = tmp_path / "cgroup"
+    assert sampler.memory.version == 2
+    (root / "dmem.capacity").write_text(f"{region} 84934656000\n")
+    uid = next(u for u, m in sampler.pods().items() if m.name == "idle")
+    idle_dir = root / sampler.memory.pod_cgroup_path(uid).lstrip("/")
+    (idle_dir / "dmem.current").write_text(f"{region} {5 * GIB}\n")
+    recorded: list[dict[str, int | None]] = []
+    add = sampler.history.add
+    sampler.history.add = lambda t, values: (recorded.append(dict(values)), add(t, values))[1]  # type: ignore[method-assign]
+    now[0] = 60.0
+    pods = {p.name: p for p in sampler.sample().status.pods}
+    assert (pods["idle"].vram_bytes, pods["idle"].vram_source) == (5 * GIB, "Dmem")
+    assert pods["leaky"].vram_source == "NVML"
+    assert recorded[-1][uid] == 5 * GIB

@@ -514,13 +514,15 @@ def test_monitoring_objects():
         assert all(sm["spec"]["selector"]["matchLabels"][k] == svc["metadata"]["labels"][k]
                    for k in sm["spec"]["selector"]["matchLabels"])
         assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
-    rules = {r["alert"]: r for r in one(objs, "PrometheusRule")["spec"]["groups"][0]["rules"]}
-    assert set(rules) == {"VRAMGuardBudgetNearLimit", "VRAMGuardBudgetViolation",
-                          "VRAMGuardMemoryLeakSuspected", "VRAMGuardAgentStale", "VRAMGuardAgentUnhealthy",
-                          "VRAMGuardEvaluationErrors", "VRAMGuardInnocentOOMKill"}
-    assert rules["VRAMGuardBudgetNearLimit"]["expr"].endswith(">= 0.9")
-    assert rules["VRAMGuardAgentStale"]["expr"].endswith("> 60")
-    assert rules["VRAMGuardBudgetNearLimit"]["for"] == "10m"
+    rules = alert_rules(objs)
+    assert {alert for alert, _ in rules} == {
+        "VRAMGuardBudgetNearLimit", "VRAMGuardBudgetViolation", "VRAMGuardMemoryLeakSuspected", "VRAMGuardAgentStale",
+        "VRAMGuardAgentUnhealthy",
+        "VRAMGuardEvaluationErrors", "VRAMGuardInnocentOOMKill", "VRAMGuardDeviceMemoryNearFull",
+        "VRAMGuardDeviceFreeMemoryLow", "VRAMGuardNodeSwapping", "VRAMGuardPodDiagnosis"}
+    assert rules["VRAMGuardBudgetNearLimit", "warning"]["expr"].endswith(">= 0.9")
+    assert rules["VRAMGuardAgentStale", "warning"]["expr"].endswith("> 60")
+    assert rules["VRAMGuardBudgetNearLimit", "warning"]["for"] == "10m"
     cm = one(objs, "ConfigMap")
     assert cm["metadata"]["namespace"] == "monitoring"
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -532,10 +534,32 @@ def test_monitoring_objects():
             assert metric in exprs, metric
 
 
-def test_default_warning_ratio_is_85_percent():
-    objs = render({"metrics.prometheusRule.enabled": True})
-    rules = {r["alert"]: r for r in one(objs, "PrometheusRule")["spec"]["groups"][0]["rules"]}
-    assert rules["VRAMGuardBudgetNearLimit"]["expr"].endswith(">= 0.85")
+def alert_rules(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The PrometheusRule's rules by (alert, severity): a warning and a critical share a name."""
+    rules = one(objs, "PrometheusRule")["spec"]["groups"][0]["rules"]
+    return {(r["alert"], r["labels"]["severity"]): r for r in rules}
+
+
+def test_default_thresholds_are_the_seeds_and_peers_levels():
+    rules = alert_rules(render({"metrics.prometheusRule.enabled": True}))
+    assert rules["VRAMGuardBudgetNearLimit", "warning"]["expr"].endswith(">= 0.85")
+    assert rules["VRAMGuardBudgetNearLimit", "critical"]["expr"].endswith(">= 0.97")
+    assert rules["VRAMGuardDeviceMemoryNearFull", "warning"]["expr"].endswith(">= 0.85")
+    assert rules["VRAMGuardDeviceMemoryNearFull", "critical"]["expr"].endswith(">= 0.97")
+    assert rules["VRAMGuardDeviceFreeMemoryLow", "warning"]["expr"].endswith("< 0.05")
+    assert rules["VRAMGuardNodeSwapping", "warning"]["expr"].endswith("> 1048576")
+    assert 'diagnosis=~"RAMShort|VRAMLeak|RAMLeak"' in rules["VRAMGuardPodDiagnosis", "warning"]["expr"]
+
+
+def test_each_threshold_is_a_chart_value():
+    rules = alert_rules(render({
+        "metrics.prometheusRule.enabled": True, "metrics.prometheusRule.usageCriticalRatio": 0.99,
+        "metrics.prometheusRule.deviceFreeRatio": 0.1, "metrics.prometheusRule.swapInBytesPerSecond": 0,
+        "metrics.prometheusRule.diagnoses": ["RAMShort"]}))
+    assert rules["VRAMGuardBudgetNearLimit", "critical"]["expr"].endswith(">= 0.99")
+    assert rules["VRAMGuardDeviceFreeMemoryLow", "warning"]["expr"].endswith("< 0.1")
+    assert rules["VRAMGuardNodeSwapping", "warning"]["expr"].endswith("> 0")
+    assert 'diagnosis=~"RAMShort"' in rules["VRAMGuardPodDiagnosis", "warning"]["expr"]
 
 
 # --- the schema rejects bad values --------------------------------------------

@@ -110,6 +110,8 @@ class Row:
     caps: tuple[CapFigure, ...] = ()
     last_oom: str | None = None  # the pod's latest OOM record: kind and age (vramguard oom has the verdict)
     diagnosis: str | None = None  # engine.diagnosis at the policy defaults; None: nothing known
+    swap_bytes: int | None = None  # swap in use by the pod's cgroup
+    ram_pressure: float | None = None  # the pod's memory PSI "some" avg10, percent (cgroup v2)
 
     @property
     def binding(self) -> Limit | None:

@@ -41,7 +41,7 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     if wide:
-        header += ["LIMITS", "CAPS", "LAST OOM", "WHY"]
+        header += ["SWAP", "RAM PSI", "LIMITS", "CAPS", "LAST OOM", "WHY"]
     out = [header]
     for r in rows:
         bind = r.binding
@@ -62,6 +62,8 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
         if all_namespaces:
             cells.insert(0, r.namespace)
         if wide:
+            cells.append(format_bytes(r.swap_bytes))
+            cells.append(f"{r.ram_pressure:.1f}%" if r.ram_pressure is not None else "-")
             cells.append(", ".join(f"{x.name} {format_bytes(x.limit_bytes)} ({x.source})" for x in r.limits) or "-")
             cells.append(caps_text(r.caps))
             cells.append(r.last_oom or "-")

@@ -14,6 +14,7 @@ from vramguard_api.diagnosis import DiagnosisThresholds
 from vramguard_api.ends import ends_of
 from vramguard_api.oom import MEMORY_KINDS
 from vramguard_api.units import format_bytes, format_seconds
+from vramguard_api.usage import MemoryPressure
 from vramguard_operator.cli.top.caps import cap_figures, is_capped
 from vramguard_operator.cli.top.limits import (
     BudgetView,
@@ -183,6 +184,8 @@ def _row(
         stale=node not in fresh_nodes,
         caps=caps,
         diagnosis=_diagnosis(u, limits),
+        swap_bytes=u.pod.swap_bytes if u is not None else None,
+        ram_pressure=_some_avg10(u.pod.memory_pressure) if u is not None else None,
     )
 
 
@@ -215,6 +218,11 @@ def _diagnosis(u: UsageView | None, limits: Sequence[Limit]) -> str | None:
 
 
 _DEFAULTS = DiagnosisThresholds()
+
+
+def _some_avg10(psi: MemoryPressure | None) -> float | None:
+    """The share of the last 10 s some task waited for memory, percent (PSI)."""
+    return psi.some.avg10 if psi is not None and psi.some is not None else None
 
 
 def build_rows(snap: Snapshot) -> tuple[list[Row], list[str]]:

@@ -95,6 +95,10 @@ CASES = [
             "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
             "users: [{name: u, user: {token: x}}]\n"}, 1,
      "cannot read the cluster at https://127.0.0.1:1: "),
+    ("top-bad-selector", [*VRAMGUARD, "top", "-l", "app>1"], {}, 2,
+     "Invalid value for '-l' / '--selector': cannot parse 'app>1'"),
+    ("top-bad-sort-by", [*VRAMGUARD, "top", "--sort-by", "vrm"], {}, 2,
+     "unknown column 'vrm' (did you mean vram?); want one or more of namespace, pod, node, vram"),
     ("vramguard-unknown-command", [*VRAMGUARD, "analyse"], {}, 2, "No such command 'analyse'"),
     ("operator-without-kubeconfig", [*VRAMGUARD, "operator"], {}, 1, "no Kubernetes credentials"),
     ("operator-bad-duration", [*VRAMGUARD, "operator", "--evaluation-period", "5"], {}, 2,

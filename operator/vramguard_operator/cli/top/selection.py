@@ -54,6 +54,14 @@ def _requirements(text: str) -> list[str]:
     return parts
 
 
+def _expression(requirement: str) -> dict[str, Any] | None:
+    """A ``matchExpressions`` item in API form for one requirement, None when no form fits."""
+    for form, build in _FORMS:
+        if match := form.fullmatch(requirement):
+            return build(match)
+    return None
+
+
 def parse_label_selector(text: str, field: str = "--selector") -> LabelSelector:
     """The ``LabelSelector`` a kubectl-style selector string stands for (all
     requirements as ``matchExpressions``); ``""`` matches every pod. Raises
@@ -62,11 +70,10 @@ def parse_label_selector(text: str, field: str = "--selector") -> LabelSelector:
         return LabelSelector()
     expressions = []
     for part in _requirements(text):
-        found = next(((form, m) for form, build in _FORMS if (m := form.fullmatch(part.strip()))), None)
-        if found is None:
+        expression = _expression(part.strip())
+        if expression is None:
             raise ValueError(f"{field}: cannot parse {part.strip()!r} in {text!r}; {_WANT}")
-        pattern, match = found
-        expressions.append(dict(_FORMS)[pattern](match))
+        expressions.append(expression)
     try:
         return LabelSelector.model_validate({"matchExpressions": expressions})
     except ValidationError as err:

@@ -2,7 +2,9 @@
 offline on recorded usage and print the decisions it would have made, with times.
 
 The usage CSV has the header ``t_seconds,pod,vram_bytes[,ram_bytes]``, one row
-per pod per sample; an empty cell is an unknown value. Every pod in the file is
+per pod per sample; an empty cell is an unknown value. ``--usage`` also takes the
+memory logs ``vramguard analyze`` reads (``memlog.parse_log``), each series a pod
+named after its label (``log_samples``). Every pod in the file is
 taken as selected by the budget (it gets labels that satisfy the selector) and
 runs on one node with one device (``--device-memory`` usable bytes) from its
 first row to its last. At each sample time the engine sees a fresh node report
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -48,6 +52,7 @@ from vramguard_api.leak import analyse, verdict
 from vramguard_api.leak.judgement import Judgement, judge
 from vramguard_api.steps import Action
 from vramguard_api.units import MAX_BYTES, format_bytes, format_seconds, quantity_to_bytes
+from vramguard_operator.cli.memlog import LogError, Series, parse_log, read_text
 from vramguard_operator.engine.types import Decision, DryRunStep, EngineConfig
 
 from .replay_run import TREND_WINDOW_S, ReplayError, Sample, replay_steps
@@ -88,7 +93,11 @@ MAX_T_SECONDS = 10 * 365 * 86400.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``vramguard replay``."""
     parser.add_argument("--budget", required=True, type=Path, help="GPUMemoryBudget YAML file")
-    parser.add_argument("--usage", required=True, type=Path, help="CSV: t_seconds,pod,vram_bytes[,ram_bytes]")
+    parser.add_argument("--usage", required=True, type=Path,
+                        help="CSV: t_seconds,pod,vram_bytes[,ram_bytes]; or a memory log vramguard analyze reads"
+                        " (t_seconds,bytes; nvidia-smi CSV), each series a pod; - for stdin")
+    parser.add_argument("--interval", metavar="DURATION", type=duration_arg("--interval", positive=True),
+                        help="time per step of a memory log indexed by step (as vramguard analyze's)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: decisions and each pod's leak verdict")
     parser.add_argument("--fail-on", metavar="STEP", choices=STEPS,
@@ -114,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the replay; 0 on success, 1 when ``--fail-on`` STEP was taken, 2 on bad input (message on stderr)."""
     try:
         budget = load_budget(args.budget)
-        samples = load_usage(args.usage)
+        samples = load_usage(args.usage, args.interval)
         device_bytes = quantity_to_bytes(args.device_memory, "--device-memory")
         events = replay(budget, samples, device_bytes, trend_window_s=args.trend_window)
     except (ReplayError, ValueError, OSError) as err:
@@ -179,15 +188,53 @@ def load_budget(path: Path) -> GPUMemoryBudget:
         raise ReplayError(f"{path}: {validation_error(err, GPUMemoryBudget)}") from None
 
 
-def load_usage(path: Path) -> list[Sample]:
-    """Read the usage CSV. Raises ``ReplayError`` naming the file, line and field."""
-    with path.open(newline="", encoding="utf-8") as f:
+def load_usage(path: Path, interval_s: float | None = None) -> list[Sample]:
+    """Read the recording (``-``: stdin): the replay's usage CSV (header
+    ``t_seconds,pod,...``), else a memory log ``vramguard analyze`` reads
+    (``memlog.parse_log``: ``t_seconds,bytes`` or step-indexed CSV with
+    ``interval_s`` seconds per step, nvidia-smi CSV), each of its series one pod
+    (``log_samples``). Raises ``ReplayError`` naming the file, line and field."""
+    try:
+        text = read_text(path)
+    except UnicodeDecodeError as err:
+        raise ReplayError(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
+    if _is_usage_csv(text):
+        if interval_s is not None:
+            raise ReplayError(f"{path}: --interval is for memory logs indexed by step; this usage CSV has t_seconds")
         try:
-            return parse_usage(f, str(path))
-        except UnicodeDecodeError as err:
-            raise ReplayError(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
+            return parse_usage(io.StringIO(text, newline=""), str(path))
         except csv.Error as err:
             raise ReplayError(f"{path}: not a CSV file ({err})") from None
+    try:
+        series = parse_log(text, interval_s, path.stem if str(path) != "-" else "stdin")
+    except LogError as err:
+        raise ReplayError(f"{path}: {err}") from None
+    return log_samples(series, str(path))
+
+
+def _is_usage_csv(text: str) -> bool:
+    """Whether the first line that is not blank names the usage CSV's ``pod`` column."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return "pod" in (f.strip() for f in first.split(","))
+
+
+def log_samples(series: Sequence[Series], name: str = "log") -> list[Sample]:
+    """Samples from memory-log series: each series is a pod named by its label
+    (the file's name for a log of one series; ``pid 4242 (python) on gpu_uuid
+    GPU-...``, ``gpu 0``... for nvidia-smi's), its values VRAM (an unknown value,
+    NaN, as unknown), no RAM. Raises ``ReplayError`` for a time outside
+    [0, 10 years] or a series of RAM."""
+    out = []
+    for s in series:
+        if s.memory != "VRAM":
+            raise ReplayError(f"{name}: {s.label}: a {s.memory} series; replay reads VRAM")
+        for t, value, line in zip(s.times, s.values, s.lines, strict=True):
+            if not 0 <= t <= MAX_T_SECONDS:
+                raise ReplayError(f"{name}:{line}: time {t:g} s is not in [0, {MAX_T_SECONDS:.0f}]"
+                                  " (seconds from the start of the recording, at most 10 years)")
+            out.append(Sample(t, s.label, None if math.isnan(value) else int(value), None))
+    out.sort(key=lambda sample: sample.t)
+    return out
 
 
 def parse_usage(f: Iterable[str], name: str = "usage") -> list[Sample]:

@@ -1,7 +1,9 @@
 """``vramguard top``: GPU pods with their VRAM (per device) and RAM, their
 effective limits and where each came from, the VRAM trend and the state vramguard
-has them in, sorted by pressure. Works against any cluster where vramguard runs,
-with the current kubeconfig (or ``--kubeconfig``).
+has them in, sorted by pressure (or by ``--sort-by``'s columns), narrowed by
+``-l`` (a label selector, as kubectl's), the states coloured on a terminal.
+Works against any cluster where vramguard runs, with the current kubeconfig
+(or ``--kubeconfig``).
 
 What is read (all through the API, nothing from the operator's memory):
 
@@ -24,7 +26,7 @@ What is read (all through the API, nothing from the operator's memory):
 
 Modules: ``model`` (the snapshot and the rows, as data), ``limits``, ``caps`` and
 ``rows`` (``build_rows``: a ``Snapshot`` in, ``Row``s out; pure), ``devices``
-(``build_devices``: the device-pressure table; pure), ``render``
-(text and JSON; pure), ``command`` (the flags, the reads through
+(``build_devices``: the device-pressure table; pure), ``selection``
+(``-l`` and ``--sort-by``; pure), ``render`` (text, colours and JSON; pure), ``command`` (the flags, the reads through
 ``controller.cluster_reads``, the refresh loop).
 """

@@ -72,9 +72,40 @@ def table_rows(rows: Iterable[Row], all_namespaces: bool, wide: bool = False) ->
     return out
 
 
-def _padded(cells: list[list[str]]) -> list[str]:
+# ANSI SGR codes (ECMA-48) for the states of pods and devices: red where vramguard
+# acts or will, yellow for a warning or a device it cannot judge, green for ok.
+STATE_COLORS = {
+    "leak": "1;31",  # bold red
+    "violating": "31",  # red
+    "capped": "35",  # magenta: limited by the driver
+    "throttled": "35",
+    "warning": "33",  # yellow
+    "ok": "32",  # green
+    "pressure": "31",
+    "unknown": "33",
+    "stale": "33",
+}
+
+
+def paint_state(state: str) -> str:
+    """``state`` in its colour (``STATE_COLORS``), unchanged when it has none."""
+    code = STATE_COLORS.get(state)
+    return f"\x1b[{code}m{state}\x1b[0m" if code else state
+
+
+def _padded(cells: list[list[str]], color_column: str | None = None) -> list[str]:
+    """The cells padded to their column's width; with ``color_column`` (a header)
+    that column's cells below the header painted after padding, so that the
+    escapes take no width."""
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    return ["   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    at = cells[0].index(color_column) if color_column else None
+    lines = []
+    for n, row in enumerate(cells):
+        padded = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        if at is not None and n > 0:
+            padded[at] = paint_state(row[at]) + " " * (widths[at] - len(row[at]))
+        lines.append("   ".join(padded).rstrip())
+    return lines
 
 
 def device_cells(devices: Iterable[DeviceRow]) -> list[list[str]]:
@@ -92,17 +123,20 @@ def render(
     all_namespaces: bool = False,
     wide: bool = False,
     devices: Sequence[DeviceRow] = (),
+    color: bool = False,
 ) -> str:
     """The table as text (columns padded like kubectl's), the devices under a
-    device-pressure rule when there are any, and footnotes."""
+    device-pressure rule when there are any, and footnotes; ``color``: the
+    STATE cells in ANSI colours (``STATE_COLORS``)."""
+    state = "STATE" if color else None
     if not rows:
         lines = ["No GPU pods found."]
     else:
-        lines = _padded(table_rows(rows, all_namespaces, wide))
+        lines = _padded(table_rows(rows, all_namespaces, wide), state)
         if any(r.stale for r in rows):
             lines.append("* no fresh node report: the figures may be old or missing")
     if devices:
-        lines += ["", *_padded(device_cells(devices))]
+        lines += ["", *_padded(device_cells(devices), state)]
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
 

@@ -86,7 +86,8 @@ class Reconciler:
     """The evaluation loop and its (non-essential) memory.
 
     ``kinds``: the informers' collections to wait for before the first pass.
-    ``owned(ns)``: whether this replica decides there (shards)."""
+    ``owned(ns)``: whether this replica decides there (shards). ``watched(ns)``:
+    whether its pods are watched (``--namespace``)."""
 
     def __init__(
         self,
@@ -97,6 +98,7 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         kinds: Iterable[str] = (),
         owned: Callable[[str], bool] = lambda ns: True,
+        watched: Callable[[str], bool] = lambda ns: True,
     ) -> None:
         self.config = config
         self.applier = applier
@@ -117,7 +119,8 @@ class Reconciler:
         self._devices: dict[tuple[str, str], DevicePressureReport] = {}  # the last report of each device
         self._devices_changed: set[tuple[str, str]] = set()  # since the gauges were last set
         self._limits: dict[str, PodMemoryLimits] = {}  # by pod uid: the last settled memory limits
-        self.unknown_pods = UnknownReportPods(config.freshness)  # grace: a report's freshness
+        # grace: a report's freshness; judged: the pods this replica's cache holds and decides on
+        self.unknown_pods = UnknownReportPods(config.freshness, lambda ns: watched(ns) and owned(ns))
         self._tidy_at = 0.0
         self._freeze_at = time.monotonic() + FREEZE_PERIOD
 

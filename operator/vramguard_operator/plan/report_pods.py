@@ -11,6 +11,7 @@ still believed (``report_checks.unknown_pods``), and nothing is acted on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -33,11 +34,17 @@ class UnknownReportPods:
 
     ``grace_seconds``: how long a uid must be named without a pod of that uid
     on the node before it is flagged (the operator passes its freshness, the
-    age beyond which a report is stale anyway). Call ``update`` only once the
-    pod informers have listed (before that every pod is unknown)."""
+    age beyond which a report is stale anyway). ``judged(namespace)``: whether
+    the pod cache holds that namespace's pods, so that a uid the report places
+    there can be judged (the operator passes the namespaces it watches and,
+    with shards, owns: each replica flags the uids of its own namespaces, and
+    none a pod it never sees); a report's pod without a namespace is judged
+    under "". Call ``update`` only once the pod informers have listed (before
+    that every pod is unknown)."""
 
-    def __init__(self, grace_seconds: float) -> None:
+    def __init__(self, grace_seconds: float, judged: Callable[[str], bool] = lambda ns: True) -> None:
         self.grace = timedelta(seconds=grace_seconds)
+        self.judged = judged
         self._since: dict[str, dict[str, datetime]] = {}  # node -> uid -> first seen unknown
         self.flagged: dict[str, UnknownPodsFlag] = {}  # node -> what is flagged now
 
@@ -76,14 +83,15 @@ class UnknownReportPods:
         """The node's flag now; keeps when each unknown uid was first seen
         (a uid that left the report, or whose pod appeared, starts again)."""
         named = {p.uid for p in st.pods}
+        unjudged = {p.uid for p in st.pods if not self.judged(p.namespace or "")}
         since = self._since.get(node, {})
-        since = {u: since.get(u, now) for u in named - on_node}
+        since = {u: since.get(u, now) for u in named - on_node - unjudged}
         if since:
             self._since[node] = since
         else:
             self._since.pop(node, None)
         in_grace = {u for u, t in since.items() if now - t < self.grace}
-        message = unknown_pods(st, on_node | in_grace)
+        message = unknown_pods(st, on_node | unjudged | in_grace)
         if message is None:
             return None
         return UnknownPodsFlag(len(since) - len(in_grace), message)

@@ -106,3 +106,17 @@ def test_nodes_are_judged_apart() -> None:
     report(c, "n2", ["ghost"])
     u.update(c, at(0))
     assert set(u.update(c, at(30))) == {"n2"}
+
+
+def test_pods_of_namespaces_the_cache_does_not_hold_are_not_judged() -> None:
+    """``--namespace ml-*`` or another replica's shard: the cache has no pods there."""
+    c, u = ClusterCache(), UnknownReportPods(GRACE, judged=lambda ns: ns.startswith("ml"))
+    body: dict[str, Any] = {
+        "metadata": {"name": "n1", "uid": "r-n1", "resourceVersion": "1"}, "spec": {"nodeName": "n1"},
+        "status": {"sampleTime": "2024-05-01T10:00:00Z", "pods": [
+            {"uid": "elsewhere", "namespace": "web", "name": "w", "attribution": "Measured"},
+            {"uid": "ghost", "namespace": "ml-a", "name": "g", "attribution": "Measured"}]},
+    }
+    c.apply(Change("reports", "n1", None, report_entry(body)))
+    u.update(c, at(0))
+    assert u.update(c, at(30)) == {"n1": UnknownPodsFlag(1, "1 pod uids are not pods on this node: ghost")}

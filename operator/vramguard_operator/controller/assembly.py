@@ -76,7 +76,8 @@ class Operator:
         self.writer = StatusWriter(self.applier, cfg.status_refresh, fence=owned, metrics=metrics)
         self.informers: dict[str, Informer[Any]] = {}
         self.reconciler = Reconciler(cfg, self.applier, metrics, self.writer,
-                                     kinds=self._kinds(settings), owned=owned)
+                                     kinds=self._kinds(settings), owned=owned,
+                                     watched=watches.matcher(settings.namespaces))
         self.writer.on_limits = self.reconciler.wrote_limits
         # OOM records (controller/oom.py) are published beside the reconcile loop, from the same changes.
         self.oom = OOMPublisher(api, recorder, oom_counter(metrics.registry), lambda: self.store("nodes"),

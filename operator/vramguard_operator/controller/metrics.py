@@ -114,12 +114,6 @@ class Metrics:
             ["namespace", "budget", "pod", "memory"],
             registry=self.registry,
         )
-        self.report_age = Gauge(
-            "vramguard_node_report_age_seconds",
-            "Age of each node's latest GPU usage report at the last evaluation, seconds.",
-            ["node"],
-            registry=self.registry,
-        )
         self.evaluation_errors = Counter(
             "vramguard_evaluation_errors",
             "Evaluations of a group of namespaces that raised, by stage (evaluate, apply).",
@@ -140,6 +134,22 @@ class Metrics:
         self._violation_series: dict[tuple[str, str], set[str]] = {}
         self._ratio_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._leak_series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (pod, memory)
+        self._report_metrics()
+
+    def _report_metrics(self) -> None:
+        """What the operator notes about the node reports themselves."""
+        self.report_age = Gauge(
+            "vramguard_node_report_age_seconds",
+            "Age of each node's latest GPU usage report at the last evaluation, seconds.",
+            ["node"],
+            registry=self.registry,
+        )
+        self.report_unknown_pods = Gauge(
+            "vramguard_node_report_unknown_pods",
+            "Pod uids a node's report names that are not pods on that node (past a grace period; not acted on).",
+            ["node"],
+            registry=self.registry,
+        )
         self._report_nodes: set[str] = set()
 
     def _scale_metrics(self) -> None:
@@ -346,6 +356,14 @@ class Metrics:
         for node, age in ages.items():
             self.report_age.labels(node=node).set(age)
         self._report_nodes = set(ages)
+
+    def set_unknown_pods(self, node: str, count: int | None) -> None:
+        """Set ``vramguard_node_report_unknown_pods`` for a node, or drop its
+        series (None: the flag cleared)."""
+        if count is None:
+            _remove(self.report_unknown_pods, (node,))
+        else:
+            self.report_unknown_pods.labels(node=node).set(count)
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:

@@ -35,14 +35,16 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from vramguard_api import API_VERSION
 from vramguard_api import conditions as C
 from vramguard_operator.controller import crashpoints
 from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyResult
-from vramguard_operator.controller.events import pod_object
+from vramguard_operator.controller.events import ObjectRef, pod_object
 from vramguard_operator.controller.isolation import GuardedEngine
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.controller.settings import OperatorConfig
 from vramguard_operator.controller.status_writer import StatusWriter
+from vramguard_operator.engine.keys import EVENT_REPORT_UNKNOWN_PODS
 from vramguard_operator.engine.types import (
     ANNOTATION_ORIGINAL_CPU,
     BudgetRef,
@@ -57,6 +59,7 @@ from vramguard_operator.plan.cache import ClusterCache
 from vramguard_operator.plan.changes import Change, Synced
 from vramguard_operator.plan.entries import pod_cache_entry
 from vramguard_operator.plan.incremental import Group, Incremental
+from vramguard_operator.plan.report_pods import UnknownReportPods
 from vramguard_operator.plan.status_notes import invalid_status, note_resize_errors
 from vramguard_operator.plan.timers import seconds_until
 from vramguard_operator.policy.merge import selector_problems
@@ -83,7 +86,8 @@ class Reconciler:
     """The evaluation loop and its (non-essential) memory.
 
     ``kinds``: the informers' collections to wait for before the first pass.
-    ``owned(ns)``: whether this replica decides there (shards)."""
+    ``owned(ns)``: whether this replica decides there (shards). ``watched(ns)``:
+    whether its pods are watched (``--namespace``)."""
 
     def __init__(
         self,
@@ -94,6 +98,7 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         kinds: Iterable[str] = (),
         owned: Callable[[str], bool] = lambda ns: True,
+        watched: Callable[[str], bool] = lambda ns: True,
     ) -> None:
         self.config = config
         self.applier = applier
@@ -114,6 +119,8 @@ class Reconciler:
         self._devices: dict[tuple[str, str], DevicePressureReport] = {}  # the last report of each device
         self._devices_changed: set[tuple[str, str]] = set()  # since the gauges were last set
         self._limits: dict[str, PodMemoryLimits] = {}  # by pod uid: the last settled memory limits
+        # grace: a report's freshness; judged: the pods this replica's cache holds and decides on
+        self.unknown_pods = UnknownReportPods(config.freshness, lambda ns: watched(ns) and owned(ns))
         self._tidy_at = 0.0
         self._freeze_at = time.monotonic() + FREEZE_PERIOD
 
@@ -377,6 +384,26 @@ class Reconciler:
         times = {n: r.status.sample_time for n in self.cache.reports
                  if (r := self.cache.report(n)) is not None and r.status is not None}
         self.metrics.set_report_ages(times, now)
+        self._flag_unknown_pods(now)
         if time.monotonic() >= self._freeze_at:
             self._freeze_at = time.monotonic() + FREEZE_PERIOD
             freeze_heap()
+
+    def _flag_unknown_pods(self, now: datetime) -> None:
+        """Reports naming pod uids that are not pods on their node (the pod
+        informers have listed: the loop evaluates only then): a Warning Event
+        on the report and a log line per change, the node's gauge. Nothing is
+        acted on, and the rest of the report is still believed."""
+        for node, flag in self.unknown_pods.update(self.cache, now).items():
+            self.metrics.set_unknown_pods(node, None if flag is None else flag.count)
+            if flag is None:
+                log.info("node %s: its NodeGPUUsage names only pods on the node again", node)
+                continue
+            log.warning("node %s: its NodeGPUUsage %s (not acted on)", node, flag.message)
+            rep = self.cache.report(node)
+            meta = rep.metadata if rep is not None else None
+            obj = ObjectRef(API_VERSION, "NodeGPUUsage", "", (meta.name if meta else None) or node,
+                            (meta.uid if meta else None) or "")
+            text = f"{flag.message}; not acted on, the rest of the report is believed"
+            if not self.applier.recorder.post(obj, EventSpec("Warning", EVENT_REPORT_UNKNOWN_PODS, text)):
+                self.unknown_pods.retry(node)  # the Event again at the next period

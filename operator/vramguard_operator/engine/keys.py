@@ -54,6 +54,7 @@ EVENT_INVALID_SPEC = "InvalidSpec"
 EVENT_EVALUATION_FAILED = "EvaluationFailed"
 EVENT_EVALUATION_TIMEOUT = "EvaluationTimeout"
 EVENT_REPORT_INVALID = "ReportInvalid"
+EVENT_REPORT_UNKNOWN_PODS = "ReportUnknownPods"  # a warning: the report is still believed
 EVENT_STATE_REJECTED = "StateRejected"
 
 

@@ -277,3 +277,43 @@ def test_a_budget_held_for_a_timeout_is_evaluated_again_when_its_hold_ends(stub)
     evaluate_once(rec)
     last = requests(stub, "PATCH", r"/namespaces/ml/gpumemorybudgets/train/status$")[-1]
     assert "EvaluationTimeout" not in str(last.body) and '"Valid"' in str(last.body).replace("'", '"')
+
+
+# --- a report naming pods that are not on its node: a warning, once per change ------------
+
+
+def test_a_report_naming_unknown_pods_is_one_warning_event_and_still_believed(stub):
+    from datetime import timedelta
+
+    now = [NOW]
+    rec, metrics = reconciler(stub)
+    rec.clock = lambda: now[0]
+    with_gpu_pod(rec)
+    rep = report(NODE, [device("GPU-a", 81559, 529)], pods=[
+        {"uid": u, "namespace": "ml", "name": n, "attribution": "Measured"}
+        for u, n in (("uid-free", "free"), ("uid-ghost", "ghost"))]).to_api()
+    rep["metadata"].update(resourceVersion="2", uid="r-1")
+    put(rec, "reports", NODE, report_entry(rep))
+
+    def tidy_pass(seconds: float) -> list[Any]:
+        now[0] = NOW + timedelta(seconds=seconds)
+        rec._tidy_at = 0.0  # the tidy runs every evaluation period; here at each call
+        evaluate_once(rec)
+        return [r for r in requests(stub, "POST", r"/namespaces/default/events$")
+                if r.body.get("reason") == "ReportUnknownPods"]
+
+    assert tidy_pass(0) == []  # within the grace (the agent and the API race)
+    (event,) = tidy_pass(61)
+    assert event.body["type"] == "Warning" and event.body["involvedObject"]["kind"] == "NodeGPUUsage"
+    assert event.body["involvedObject"]["name"] == NODE and "uid-ghost" in event.body["message"]
+    assert "uid-free" not in event.body["message"]
+    registry = metrics.registry
+    assert registry.get_sample_value("vramguard_node_report_unknown_pods", {"node": NODE}) == 1
+    assert len(tidy_pass(90)) == 1  # unchanged: no second Event, no repeat counted
+    assert not requests(stub, "PATCH", r"/events/")
+    assert not [r for r in requests(stub, "POST", r"/events$") if r.body.get("reason") == "ReportInvalid"]
+    ghost = pod("ghost", "ml", node_name=NODE)  # its pod reaches the cache: the flag clears
+    ghost["metadata"]["resourceVersion"] = "1"
+    put(rec, "pods", "uid-ghost", pod_cache_entry(ghost))
+    assert len(tidy_pass(100)) == 1
+    assert registry.get_sample_value("vramguard_node_report_unknown_pods", {"node": NODE}) is None

@@ -54,9 +54,9 @@ def running(cluster: Cluster, gpu_node: RealNode, namespace: str) -> Iterator[Op
     operator.start()
     agent = subprocess.Popen(
         [sys.executable, "-m", "vramguard_agent", "run", "--node", gpu_node.name,
-         "--kubeconfig", cluster.kubeconfig, "--simgpu-socket", str(gpu_node.simgpu_socket),
+         "--kubeconfig", cluster.kubeconfig, "--backend", "simdriver", "--simgpu-socket", str(gpu_node.simgpu_socket),
          "--sample-interval", "1s", "--min-report-interval", "1s", "--heartbeat", "5s", "--metrics-address", ""],
-        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent"))},
+        env={**cluster.env(), "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("api", "agent", "sim"))},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

@@ -183,28 +183,30 @@ def innocent(verdicts: Iterable[Verdict]) -> int:
 def live_report(api: Any, without: Sequence[Unguarded], namespaces: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     """The demo's closing OOM lines and their JSON: the live count (the
     cluster's end records judged as ``vramguard oom`` judges them, of the
-    demo's ``namespaces``: the cluster is shared with other tests) against the run without vramguard (``judged_without`` with the
-    live shares), then the ``vramguard oom`` table; a cluster that cannot be
-    read gives one line saying so (and ``{"error": ...}``)."""
+    demo's ``namespaces``: the cluster is shared with other tests) against the
+    run without vramguard (``judged_without`` with the live shares), then the
+    ``vramguard oom`` table; a cluster that cannot be read gives one line
+    saying so (and ``{"error": ...}``)."""
     try:
         read = read_oom(api, None)
     except API_ERRORS as err:
         return [f"OOM records: cannot read the cluster: {err}"], {"error": str(err)}
     live: list[Finding] = [f for f in oom_command.select(oom_command.judge(read), None, None)
                            if f.namespace in namespaces]
-    simulated = judged_without(without, oom_command.shares(read))
+    with_ = [f.verdict for f in live]
+    without_ = judged_without(without, oom_command.shares(read))
     lines = [
         f"Innocent OOM kills (GPU OOM within the pod's limits and share, vramguard_api.oom): "
-        f"with vramguard {innocent(f.verdict for f in live)} (live, the cluster's records); "
-        f"without {innocent(simulated)} (the same scenario replayed, the same classifier)",
-        f"  all OOM kills with vramguard: {_counted(counts(f.verdict for f in live))}",
-        f"  all OOM kills without: {_counted(counts(simulated))}",
+        f"with vramguard {innocent(with_)} (live, the cluster's records); "
+        f"without {innocent(without_)} (the same scenario replayed, the same classifier)",
+        f"  all OOM kills with vramguard: {_counted(counts(with_))}",
+        f"  all OOM kills without: {_counted(counts(without_))}",
         "vramguard oom:",
         *("    " + line for line in oom_command.table(live).splitlines()),
     ]
-    body = {"live": {"innocent": innocent(f.verdict for f in live), "byVerdict": counts(f.verdict for f in live),
+    body = {"live": {"innocent": innocent(with_), "byVerdict": counts(with_),
                      "records": [json.loads(oom_command.to_json(f)) for f in live]},
-            "withoutVramguard": {"innocent": innocent(simulated), "byVerdict": counts(simulated)}}
+            "withoutVramguard": {"innocent": innocent(without_), "byVerdict": counts(without_)}}
     return lines, body
 
 

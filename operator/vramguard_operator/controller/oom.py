@@ -8,8 +8,8 @@ each device), post the Event on the pod and on the budgets involved (the
 victim's and those of the neighbours above their shares), count
 ``vramguard_oom_kills_total{namespace, kind, verdict}`` and the victim's
 budgets' ``status.oomKills`` (at least once, like the Events: a record
-published again after a failed acknowledgement is counted again), then write the last id
-into the annotation, so the agent drops the records. A failure before the
+published again after a failed acknowledgement is counted again), then write
+the last id into the annotation, so the agent drops the records. A failure before the
 acknowledgement publishes again on the next report: at least once, and a
 repeated Event is the same keyed Event updated (``EventRecorder``).
 

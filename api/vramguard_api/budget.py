@@ -370,6 +370,45 @@ class BudgetUsage(APIModel):
     ram: str | None = Field(default=None, description="RAM used / limit, for display.")
 
 
+class OOMKills(APIModel):
+    """Out-of-memory kills of the pods a budget selects, as the operator published
+    them (``docs/oom.md``): a counter per verdict, from the budget's creation."""
+
+    innocent: int = Field(default=0, ge=0, description="GPU OOM kills of a pod within its limits and its share.")
+    own: int = Field(default=0, ge=0, description="GPU OOM kills of a pod above its own limit or share.")
+    unknown: int = Field(default=0, ge=0, description="GPU OOM kills where no share was known to blame.")
+    host: int = Field(default=0, ge=0, description="Host RAM OOM kills (the kubelet's OOMKilled, a cgroup OOM kill).")
+    cap: int = Field(default=0, ge=0, description="Kills by a driver-enforced cap (hard limit, soft-limit eviction).")
+    last_kill_time: datetime | None = Field(
+        default=None, alias="lastKillTime", description="When the agent noticed the most recent kill counted."
+    )
+
+    def counted(self, kind: str, blame: str | None, time: datetime) -> OOMKills:
+        """These counters with one more kill of ``kind`` (the classifier's:
+        GPUOutOfMemory, HostOutOfMemory, CapKill) and ``blame`` (Innocent, Own,
+        Unknown; None), noticed at ``time``. Raises ValueError for a kind that
+        is no memory kill (NotMemory is not counted)."""
+        field = OOM_KILL_FIELDS.get((kind, blame)) or OOM_KILL_FIELDS.get((kind, None))
+        if field is None:
+            raise ValueError(f"kind={kind!r} blame={blame!r}: not an out-of-memory kill")
+        last = time if self.last_kill_time is None else max(self.last_kill_time, time)
+        return self.model_copy(update={field: getattr(self, field) + 1, "last_kill_time": last})
+
+
+OOM_KILL_FIELDS: dict[tuple[str, str | None], str] = {
+    ("GPUOutOfMemory", "Innocent"): "innocent",
+    ("GPUOutOfMemory", "Own"): "own",
+    ("GPUOutOfMemory", "Unknown"): "unknown",
+    ("HostOutOfMemory", None): "host",
+    ("CapKill", None): "cap",  # whatever its blame: the cap, not a neighbour, killed it
+}
+"""The ``OOMKills`` counter of each (kind, blame); ``None``: any blame of that kind."""
+
+OOM_KILLS_FIELD = "oomKills"
+"""The status field the OOM publisher owns (``controller/oom.py``); the budget
+status writer leaves it alone."""
+
+
 class GPUMemoryBudgetStatus(APIModel):
     """The observed state of a budget."""
 
@@ -410,6 +449,12 @@ class GPUMemoryBudgetStatus(APIModel):
         default=None,
         alias="modeSource",
         description="Where effectiveMode came from: budget, or policy/<name> when that GPUMemoryPolicy's mode decided it.",
+    )
+    oom_kills: OOMKills | None = Field(
+        default=None,
+        alias="oomKills",
+        description="Out-of-memory kills of the selected pods by verdict, counted by the operator as it "
+        "publishes each (docs/oom.md).",
     )
 
 

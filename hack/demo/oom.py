@@ -6,11 +6,17 @@
   process), no operator, no eviction — for the run's scenario time: the kills
   that happen when nobody acts;
 - ``kills_in_logs``: the kills the agents logged during the run (their
-  simulated devices log each one at WARNING, naming the pod).
+  simulated devices log each one at WARNING, naming the pod);
+- ``live_report``: the OOM kills the cluster recorded, read and judged as
+  ``vramguard oom`` does (the agents' end records, ``cli.oom.judge``), beside
+  the run without vramguard's kills judged by the same classifier
+  (``vramguard_api.oom`` through ``simulate.ooms.driver_evidence``, with the
+  live devices' shares), so that both "innocent" counts mean the same thing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vramguard_api.oom import Verdict, classify
 from vramguard_api.units import format_bytes, format_seconds
+from vramguard_operator.cli import oom as oom_command
+from vramguard_operator.controller.kubeapi import API_ERRORS
+from vramguard_operator.controller.oom_reads import read_oom
+from vramguard_operator.engine.oom import Finding
+from vramguard_operator.simulate.ooms import driver_evidence
 from vramguard_sim.scenario import Scenario
 from vramguard_sim.simbackend import assign_pids, device_uuid
 from vramguard_sim.simgpu import SimDevices, SimOOMKill
@@ -144,3 +156,59 @@ def summarize(without: Sequence[Unguarded], names: Mapping[str, str]) -> list[st
             f"; restarted, killed again at {times[0]}" if times else "")
         lines.append(describe(kills[0], names) + again)
     return lines
+
+
+def judged_without(without: Sequence[Unguarded], shares: Mapping[str, int]) -> list[Verdict]:
+    """Each kill of the run without vramguard through the one classifier, with
+    ``shares`` (each device's share, bytes by UUID, as the live judge uses;
+    a device without one: blame ``Unknown``)."""
+    return [classify(driver_evidence(k.device, k.held_bytes, k.requested_bytes, k.free_bytes, shares.get(k.device),
+                                     k.reason)) for k in (u.kill.kill for u in without)]
+
+
+def counts(verdicts: Iterable[Verdict]) -> dict[str, int]:
+    """Memory kills by verdict: ``{"GPUOutOfMemory/Innocent": n, "HostOutOfMemory": m, ...}`` (sorted)."""
+    out: dict[str, int] = {}
+    for v in verdicts:
+        key = f"{v.kind}/{v.blame}" if v.blame else v.kind
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def innocent(verdicts: Iterable[Verdict]) -> int:
+    """How many are innocent GPU OOM kills (the mission's figure)."""
+    return sum(1 for v in verdicts if v.kind == "GPUOutOfMemory" and v.blame == "Innocent")
+
+
+def live_report(api: Any, without: Sequence[Unguarded], namespaces: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """The demo's closing OOM lines and their JSON: the live count (the
+    cluster's end records judged as ``vramguard oom`` judges them, of the
+    demo's ``namespaces``: the cluster is shared with other tests) against the
+    run without vramguard (``judged_without`` with the live shares), then the
+    ``vramguard oom`` table; a cluster that cannot be read gives one line
+    saying so (and ``{"error": ...}``)."""
+    try:
+        read = read_oom(api, None)
+    except API_ERRORS as err:
+        return [f"OOM records: cannot read the cluster: {err}"], {"error": str(err)}
+    live: list[Finding] = [f for f in oom_command.select(oom_command.judge(read), None, None)
+                           if f.namespace in namespaces]
+    with_ = [f.verdict for f in live]
+    without_ = judged_without(without, oom_command.shares(read))
+    lines = [
+        f"Innocent OOM kills (GPU OOM within the pod's limits and share, vramguard_api.oom): "
+        f"with vramguard {innocent(with_)} (live, the cluster's records); "
+        f"without {innocent(without_)} (the same scenario replayed, the same classifier)",
+        f"  all OOM kills with vramguard: {_counted(counts(with_))}",
+        f"  all OOM kills without: {_counted(counts(without_))}",
+        "vramguard oom:",
+        *("    " + line for line in oom_command.table(live).splitlines()),
+    ]
+    body = {"live": {"innocent": innocent(with_), "byVerdict": counts(with_),
+                     "records": [json.loads(oom_command.to_json(f)) for f in live]},
+            "withoutVramguard": {"innocent": innocent(without_), "byVerdict": counts(without_)}}
+    return lines, body
+
+
+def _counted(by: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in by.items()) or "none"

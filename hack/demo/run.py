@@ -265,14 +265,14 @@ class Demo:
         saved, not_saved = oom.saved(self.sc.saved_from_oom, [names.get(f"{u.kill.namespace}/{u.kill.pod}") for u in without],
                                      [names.get(f"{k.namespace}/{k.pod}") for k in during], running)
         pressure = sorted(r.id for r in results if "DevicePressure" in r.reasons)
-        for line in oom.saved_lines(saved, without, names, t * self.speed, pressure):
-            print(line)
+        live_lines, live_json = oom.live_report(self.cluster.api, without, self.real.namespaces(self.sc.namespaces))
+        print("\n".join([*oom.saved_lines(saved, without, names, t * self.speed, pressure), *live_lines]))
         body = {
             "oomKillsDuringRun": [{"id": names.get(f"{k.namespace}/{k.pod}"), "pod": f"{k.namespace}/{k.pod}",
                                    "scenarioSeconds": k.t_s, "text": k.text} for k in during],
             "withoutVramguard": [{"id": names.get(f"{u.kill.namespace}/{u.kill.pod}"), "scenarioSeconds": u.kill.time_s,
                                   "text": oom.describe(u, names)} for u in without],
-            "savedFromOOM": saved,
+            "savedFromOOM": saved, "oomRecords": live_json,
         }
         return body, not_saved
 

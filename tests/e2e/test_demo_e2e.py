@@ -101,6 +101,10 @@ def test_demo_short_run_matches_the_scenario_and_leaves_nothing(cluster: Any, tm
     assert summary["savedFromOOM"] == ["chat"]
     assert summary["withoutVramguard"][0]["id"] == "chat"
     assert "chat is killed by CUDA out of memory" in summary["withoutVramguard"][0]["text"]
+    # the mission's figure, live and replayed, by the one classifier (vramguard_api.oom): 0 innocent with vramguard
+    records = summary["oomRecords"]
+    assert records["live"]["innocent"] == 0 and records["withoutVramguard"]["innocent"] >= 1, records
+    assert records["withoutVramguard"]["byVerdict"].get("GPUOutOfMemory/Innocent", 0) >= 1
     detected, evicting = events["embedder"]["LeakDetected"], events["embedder"]["Evicting"]
     assert "leaks: VRAM grows" in detected and "projected to reach 24Gi in" in detected
     left = parse_duration(evicting.split("projected to reach 24Gi in ")[1].split(".")[0])
@@ -119,6 +123,8 @@ def test_demo_short_run_matches_the_scenario_and_leaves_nothing(cluster: Any, tm
     assert "LeakDetected" in out and "The run matches the scenario" in out
     saved = [line for line in out.splitlines() if line.startswith("vramguard saved chat: without it, killed by CUDA")]
     assert saved and "(finetune evicted for device pressure)" in saved[0], out[-3000:]
+    assert "Innocent OOM kills (GPU OOM within the pod's limits and share, vramguard_api.oom): with vramguard 0 " in out
+    assert "\nvramguard oom:\n" in out
     # The DRA claim's booking is the pod's limit: in the summary, the live table and the Event.
     (dra_limit,) = summary["draLimits"]
     claim = dra_limit["source"].removeprefix("dra/")

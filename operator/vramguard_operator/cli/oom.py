@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -60,17 +60,37 @@ def run(args: argparse.Namespace) -> int:
 def judge(read: OOMRead) -> list[Finding]:
     """Every end record of the reports, judged (newest first)."""
     pods = {(p.get("metadata") or {}).get("uid"): p for p in read.pods}
-    nodes = {(n.get("metadata") or {}).get("name"): n for n in read.nodes}
+    nodes = _nodes(read)
+    out = []
+    for body, report in _reports(read):
+        out += [finding(r, pods.get(r.pod_uid), _shares(report, nodes)) for r in ends_of(body)]
+    return sorted(out, key=lambda f: f.record.time, reverse=True)
+
+
+def shares(read: OOMRead) -> dict[str, int]:
+    """Each device's share (bytes, by UUID) as ``judge`` uses it: the node's
+    share of the device (``policy.pressure.device_shares``)."""
+    nodes = _nodes(read)
+    return {uuid: share for _, report in _reports(read) for uuid, share in _shares(report, nodes).items()}
+
+
+def _nodes(read: OOMRead) -> dict[str, dict[str, Any]]:
+    return {str((n.get("metadata") or {}).get("name") or ""): n for n in read.nodes}
+
+
+def _reports(read: OOMRead) -> list[tuple[dict[str, Any], NodeGPUUsage]]:
     out = []
     for body in read.reports:
         try:
-            report = NodeGPUUsage.model_validate(body)
+            out.append((body, NodeGPUUsage.model_validate(body)))
         except ValueError:
             continue  # a report that does not parse: the operator reports it as a problem
-        node = (report.spec.node_name if report.spec else None) or report.metadata.name or ""
-        shares = device_shares({node: NodeFacts.from_api(nodes[node], report)}) if node in nodes else {}
-        out += [finding(r, pods.get(r.pod_uid), shares) for r in ends_of(body)]
-    return sorted(out, key=lambda f: f.record.time, reverse=True)
+    return out
+
+
+def _shares(report: NodeGPUUsage, nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    node = (report.spec.node_name if report.spec else None) or report.metadata.name or ""
+    return device_shares({node: NodeFacts.from_api(nodes[node], report)}) if node in nodes else {}
 
 
 def select(found: Iterable[Finding], namespace: str | None, since: datetime | None) -> list[Finding]:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vramguard_api.budget import OOM_KILLS_FIELD
 from vramguard_operator.controller import crashpoints
 from vramguard_operator.controller.api_calls import KubeActions
 from vramguard_operator.controller.events import DecisionEvents, EventRecorder, ProblemReports
@@ -236,7 +237,8 @@ class Applier:
         crashpoints.reached("before-status")
         for upd in self.followed(statuses, result):
             key = (upd.budget.namespace, upd.budget.name)
-            patch = merge_patch(ctx.current_status.get(key), upd.status.to_api())
+            current = {k: v for k, v in (ctx.current_status.get(key) or {}).items() if k != OOM_KILLS_FIELD}
+            patch = merge_patch(current, upd.status.to_api())  # oomKills is the OOM publisher's: kept
             if not patch:
                 continue
             try:

@@ -6,8 +6,10 @@ order: read the pod (its container's terminated state and RAM limit; a GET per
 end, ends are rare), judge it (``engine.oom.finding``, with the node's share of
 each device), post the Event on the pod and on the budgets involved (the
 victim's and those of the neighbours above their shares), count
-``vramguard_oom_kills_total{namespace, kind, verdict}``, then write the last id
-into the annotation, so the agent drops the records. A failure before the
+``vramguard_oom_kills_total{namespace, kind, verdict}`` and the victim's
+budgets' ``status.oomKills`` (at least once, like the Events: a record
+published again after a failed acknowledgement is counted again), then write
+the last id into the annotation, so the agent drops the records. A failure before the
 acknowledgement publishes again on the next report: at least once, and a
 repeated Event is the same keyed Event updated (``EventRecorder``).
 
@@ -28,11 +30,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry, Counter
 
-from vramguard_api import GROUP, REPORTS, VERSION
+from vramguard_api import BUDGETS, GROUP, REPORTS, VERSION
+from vramguard_api.budget import OOM_KILLS_FIELD, OOMKills
 from vramguard_api.ends import ACK_ANNOTATION, EndRecord, acknowledged_id
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.controller.events import EventRecorder, budget_object, pod_object
-from vramguard_operator.controller.kubeapi import API_ERRORS, NETWORK_ERRORS, api_error_text
+from vramguard_operator.controller.kubeapi import API_ERRORS, MERGE_PATCH, NETWORK_ERRORS, api_error_text
 from vramguard_operator.engine.keys import BudgetRef, PodRef
 from vramguard_operator.engine.oom import Finding, budget_event, finding, pod_event
 from vramguard_operator.engine.selectors import compile_selector
@@ -80,6 +83,7 @@ class OOMPublisher:
         self.clock = clock
         self.queue: queue.Queue[NodeGPUUsage | None] = queue.Queue()
         self.acknowledged: dict[str, int] = {}  # report name -> last id acknowledged (what the annotation says)
+        self.oom_kills: dict[tuple[str, str], OOMKills] = {}  # (namespace, budget) -> the counts last written
 
     def observe(self, change: Any) -> None:
         """An informer change: queue a node report that carries end records."""
@@ -134,9 +138,33 @@ class OOMPublisher:
             if ref.namespace and ref.name:
                 self.recorder.post(pod_object(ref), spec)
             self.counter.labels(*f.labels).inc()
+            self._count_budgets(f, pod)
             self._post_budgets(f, pod)
             log.info("%s: %s", spec.reason, spec.message)
         return f
+
+    def _count_budgets(self, f: Finding, pod: Mapping[str, Any] | None) -> None:
+        """One more kill in ``status.oomKills`` of every budget selecting the
+        victim (a merge patch of that field only). The counts start from the
+        budget's status as the store holds it and go on from what this
+        publisher last wrote, which the store may not show yet."""
+        for ref in self._budgets_of(pod):
+            key = (ref.namespace, ref.name)
+            before = self.oom_kills.get(key) or self._stored_oom_kills(key)
+            after = before.counted(f.verdict.kind, f.verdict.blame, f.record.time)
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ref.namespace, BUDGETS, ref.name, {"status": {OOM_KILLS_FIELD: after.to_api()}},
+                    _content_type=MERGE_PATCH, _request_timeout=self.timeout)
+            except API_ERRORS as err:
+                log.warning("cannot count the OOM kill in budget %s/%s: %s", *key, err)
+                continue
+            self.oom_kills[key] = after
+
+    def _stored_oom_kills(self, key: tuple[str, str]) -> OOMKills:
+        entry = getattr(self.budgets().get(key), "value", None)
+        status = getattr(getattr(entry, "budget", None), "status", None)
+        return (status.oom_kills if status is not None else None) or OOMKills()
 
     def _post_budgets(self, f: Finding, pod: Mapping[str, Any] | None) -> None:
         """The same Event on every budget selecting the victim or a neighbour above its share."""

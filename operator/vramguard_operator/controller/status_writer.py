@@ -15,6 +15,9 @@ writes it as a JSON merge patch from what it knows of the API's status
   ``refresh`` seconds per budget (30 s by default); a figure that moved less
   waits for the next write of that budget.
 
+``status.oomKills`` belongs to the OOM publisher (``controller/oom.py``): it
+is neither compared nor removed here.
+
 Figures are ``usage``, ``matchedPods``, the ``observedBytes`` of violations
 and warnings, and the numbers inside messages. The engine never reads them
 back to decide (it reads the escalation state), and the operator keeps the
@@ -37,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vramguard_api.budget import OOM_KILLS_FIELD
 from vramguard_operator.controller.applier import Applier, ApplyContext, ApplyResult
 from vramguard_operator.controller.metrics import Metrics
 from vramguard_operator.engine.types import BudgetStatusUpdate, PodRef
@@ -57,7 +61,8 @@ def decisive(status: Mapping[str, Any] | None) -> Any:
     statuses with the same ``decisive`` differ only in figures."""
     if not status:
         return None
-    out: dict[str, Any] = {k: v for k, v in status.items() if k not in ("usage", "matchedPods")}
+    # oomKills is the OOM publisher's (controller/oom.py): never a reason to write
+    out: dict[str, Any] = {k: v for k, v in status.items() if k not in ("usage", "matchedPods", OOM_KILLS_FIELD)}
     out["conditions"] = [{**c, "message": _mask(c.get("message"))} for c in status.get("conditions") or ()]
     for name in _FIGURE_LISTS:
         out[name] = [{**{k: v for k, v in e.items() if k != "observedBytes"}, "message": _mask(e.get("message"))}

@@ -18,17 +18,21 @@ from vramguard_sim.simulate.fleet import OOMRecord
 _CAPS = {REASON_HARD_LIMIT: "HardLimit", REASON_SOFT_LIMIT: "SoftLimit"}
 
 
+def driver_evidence(device: str, held_bytes: int, requested_bytes: int, free_bytes: int, share_bytes: int | None,
+                    reason: str) -> Evidence:
+    """The classifier's evidence for a process the simulated driver killed
+    (``gpumem.OOMKill``'s figures, bytes; ``share_bytes`` None: no share
+    known; ``reason``: the driver's). Used by the fleet simulation and by the
+    demo's run without vramguard (hack/demo/oom.py)."""
+    dev = DeviceEvidence(uuid=device, free_bytes=free_bytes, held_bytes=held_bytes, requested_bytes=requested_bytes,
+                         share_bytes=share_bytes, step_bytes=requested_bytes)
+    return Evidence(exit_code=1, reason="Error", cap_reason=_CAPS.get(reason), device=dev)  # type: ignore[arg-type]
+
+
 def evidence(record: OOMRecord) -> Evidence:
     """The classifier's evidence for one simulated OOM kill (bytes as the driver saw them)."""
-    device = DeviceEvidence(
-        uuid=record.device,
-        free_bytes=record.free_bytes,
-        held_bytes=record.held_bytes,
-        requested_bytes=record.requested_bytes,
-        share_bytes=record.share_bytes,
-        step_bytes=record.requested_bytes,
-    )
-    return Evidence(exit_code=1, reason="Error", cap_reason=_CAPS.get(record.reason), device=device)  # type: ignore[arg-type]
+    return driver_evidence(record.device, record.held_bytes, record.requested_bytes, record.free_bytes,
+                           record.share_bytes, record.reason)
 
 
 def verdict(record: OOMRecord) -> Verdict:

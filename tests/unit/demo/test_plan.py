@@ -231,3 +231,44 @@ def test_saved_means_killed_without_never_killed_with_and_running_at_the_end():
     assert OOM.saved(["chat"], ["finetune"], [], ["chat"]) == ([], ["chat"])  # not killed without: nothing saved
     assert OOM.saved(["chat"], ["chat"], ["chat"], ["chat"]) == ([], ["chat"])  # killed during the run too
     assert OOM.saved(["chat"], ["chat"], [], []) == ([], ["chat"])  # evicted, or gone, at the end
+
+
+def test_the_run_without_vramguard_is_judged_by_the_one_classifier_with_the_live_shares():
+    sc = P.load_scenario(SCENARIO)
+    resolved = P.resolve(sc, demo_pods())
+    without = OOM.without_vramguard(resolved.agent_scenario, sc.short_duration_s * sc.speed,
+                                    sc.sample_interval_s * sc.speed)
+    device = without[0].kill.kill.device
+    judged = OOM.judged_without(without, {device: (81559 - 579) * 2**20 // 4})  # the node's share: 4 replicas
+    assert (judged[0].kind, judged[0].blame) == ("GPUOutOfMemory", "Innocent")  # chat, within its share
+    assert OOM.innocent(judged) >= 1 and sum(OOM.counts(judged).values()) == len(without)
+    unknown = OOM.judged_without(without[:1], {})  # no share known: no blame either way
+    assert (unknown[0].kind, unknown[0].blame) == ("GPUOutOfMemory", "Unknown")
+    tiny = OOM.judged_without(without[:1], {device: 2**20})  # it wanted more than a 1Mi share: its own
+    assert tiny[0].blame == "Own"
+
+
+def test_the_live_report_reads_the_records_as_vramguard_oom_does_and_says_when_it_cannot():
+    from tests.unit.agent.stubapi import StubAPI, status_body
+    from tests.unit.operator.test_oom_publisher import NODE, TORCH, pod, report_body
+
+    stub = StubAPI()
+    try:
+        victim = pod("victim", "c" * 64, "Error", 1, TORCH)
+        pods = {"items": [victim, pod("done", "d" * 64, "Completed", 0, None)]}
+        stub.respond("GET", r"/nodegpuusages$", *[(200, {"items": [report_body()]})] * 2)  # two reads
+        stub.respond("GET", r"/api/v1/pods$", *[(200, pods)] * 2)
+        stub.respond("GET", r"/api/v1/nodes$", *[(200, {"items": [NODE]})] * 2)
+        lines, body = OOM.live_report(stub.api_client(), [], ["ml"])
+        assert lines[0].startswith("Innocent OOM kills") and "with vramguard 1 (live" in lines[0]
+        assert "without 0 (the same scenario replayed" in lines[0]
+        assert lines[3] == "vramguard oom:" and "ml" in lines[5] and "victim" in lines[5] and "Innocent" in lines[5]
+        assert body["live"]["byVerdict"] == {"GPUOutOfMemory/Innocent": 1}  # the normal exit is no OOM kill
+        assert [r["pod"] for r in body["live"]["records"]] == ["victim"]
+        lines, body = OOM.live_report(stub.api_client(), [], ["vg-demo"])  # another namespace's kill is not the demo's
+        assert "with vramguard 0 (live" in lines[0] and lines[-1] == "    No OOM kills found."
+        stub.respond("GET", r"/nodegpuusages$", (403, status_body(403, "Forbidden")))
+        lines, body = OOM.live_report(stub.api_client(), [], ["ml"])
+        assert lines[0].startswith("OOM records: cannot read the cluster:") and "error" in body
+    finally:
+        stub.close()

@@ -274,3 +274,13 @@ def test_exempt_namespace_refuses_a_cap_and_its_limits(stub):
     assert not paths(stub, "PATCH", POD_PATH) and count(metrics, "Cap", "skipped") == 1
     applier.apply(output(patch={ANNOTATION_MEMORY_LIMITS: None}), ctx(frozenset({"ml"})))
     assert paths(stub, "PATCH", POD_PATH)  # removing limits is cleanup: allowed
+
+
+def test_a_status_write_keeps_the_oom_publishers_counters(stub):
+    stub.respond("PATCH", r"/gpumemorybudgets/train/status$", (200, {"metadata": {"resourceVersion": "2"}}))
+    applier, _, _ = make(stub.api_client())
+    current = {"matchedPods": 1, "openViolations": 1, "oomKills": {"innocent": 2}}
+    context = ApplyContext(frozenset(), lambda ns: ("",), {("ml", "train"): current})
+    applier.write_statuses([BudgetStatusUpdate(BUDGET, GPUMemoryBudgetStatus(matchedPods=2))], context, ApplyResult())
+    (patch,) = [q.body for q in stub.requests if q.method == "PATCH"]
+    assert patch == {"status": {"matchedPods": 2, "openViolations": None}}  # oomKills is neither removed nor written

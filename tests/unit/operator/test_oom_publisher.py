@@ -161,3 +161,31 @@ def test_a_record_waits_for_the_kubelet_to_report_its_container_terminated(stub)
     assert pub.queue.get(timeout=3) is report  # looked at again a second later
     found = pub.publish(report)
     assert [f.verdict.kind for f in found] == ["GPUOutOfMemory", "NotMemory"]
+
+
+def test_the_victims_budget_counts_the_kill_in_its_status_from_what_it_held(stub):
+    victim = pod("victim", CID, "Error", 1, TORCH)
+    victim["metadata"]["labels"] = {"app": "victim"}
+    stub.respond("GET", r"/namespaces/ml/pods/victim$", (200, victim), (200, victim))
+    stub.respond("GET", r"/namespaces/ml/pods/greedy$", (404, status_body(404, "NotFound")))
+    stub.respond("GET", r"/namespaces/ml/pods/done$", (200, pod("done", "d" * 64, "Completed", 0, None)))
+    stub.respond("PATCH", r"/gpumemorybudgets/team-victim/status$", (200, {}), (200, {}))
+    stored = {"apiVersion": "vramguard.io/v1alpha1", "kind": "GPUMemoryBudget",
+              "metadata": {"namespace": "ml", "name": "team-victim", "uid": "b-1"},
+              "spec": {"selector": {"matchLabels": {"app": "victim"}}, "limits": {"perPod": {"vram": "10Gi"}}},
+              "status": {"oomKills": {"innocent": 2, "host": 1, "lastKillTime": "2025-12-31T00:00:00Z"}}}
+    budgets = {("ml", "team-victim"): budget_entry(stored)}
+    api = stub.api_client()
+    pub = OOMPublisher(api, EventRecorder(client.CoreV1Api(api)), oom_counter(CollectorRegistry()),
+                       lambda: {"n1": NODE}, budgets=lambda: budgets)
+    pub.publish(model(report_body()))
+    again = report_body(ack=11)
+    again["status"]["ends"] = [{**end(12, "victim", CID), "time": "2026-01-01T00:01:00Z"}]
+    pub.publish(model(again))  # the store still shows the old status: the count goes on from the last write
+    writes = [q.body for q in stub.requests if q.method == "PATCH" and q.path.endswith("/team-victim/status")]
+    assert writes == [
+        {"status": {"oomKills": {"innocent": 3, "own": 0, "unknown": 0, "host": 1, "cap": 0,
+                                 "lastKillTime": "2026-01-01T00:00:00Z"}}},
+        {"status": {"oomKills": {"innocent": 4, "own": 0, "unknown": 0, "host": 1, "cap": 0,
+                                 "lastKillTime": "2026-01-01T00:01:00Z"}}},
+    ]  # the normal exit of ml/done is no OOM kill: not counted

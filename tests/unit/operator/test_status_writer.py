@@ -133,3 +133,10 @@ def test_a_fenced_namespace_is_not_written_and_limits_are_reported_back() -> Non
     w.put_limits(ref, {"vramguard.io/limits": "a"})
     w.put_limits(ref, {"vramguard.io/limits": "b"})  # the latest per pod
     assert w.flush() == 1 and seen == [("free", {"vramguard.io/limits": "b"})]
+
+
+def test_the_oom_publishers_counters_are_no_reason_to_write() -> None:
+    assert decisive({**status(4 * GI), "oomKills": {"innocent": 3}}) == decisive(status(4 * GI))
+    w, calls, _ = writer()
+    w.put(upd(status(4 * GI)), status(4 * GI), {**status(4 * GI), "oomKills": {"innocent": 3}}, "5")
+    assert w.pending() == 0 and calls.patches == []

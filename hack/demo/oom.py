@@ -30,10 +30,10 @@ from vramguard_operator.cli import oom as oom_command
 from vramguard_operator.controller.kubeapi import API_ERRORS
 from vramguard_operator.controller.oom_reads import read_oom
 from vramguard_operator.engine.oom import Finding
-from vramguard_operator.simulate.ooms import driver_evidence
 from vramguard_sim.scenario import Scenario
 from vramguard_sim.simbackend import assign_pids, device_uuid
 from vramguard_sim.simgpu import SimDevices, SimOOMKill
+from vramguard_sim.simulate.ooms import driver_evidence
 
 # "node N t=Xs: pod NS/NAME container C (pid P) killed by CUDA out of memory on ..." (simgpu.SimOOMKill.message)
 _KILL_LINE = re.compile(r"node (\S+) t=([0-9.e+]+)s: pod ([^/\s]+)/(\S+) container \S+ \(pid \d+\) killed by CUDA out of memory")

@@ -234,8 +234,8 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 def comparable(status: dict[str, Any]) -> bytes:
-    """The measured part of a status as canonical JSON (trends depend on timing)."""
-    pods = [{k: v for k, v in p.items() if k != "trend"} for p in status.get("pods", [])]
+    """The measured part of a status as canonical JSON (trends, VRAM and RAM, depend on timing)."""
+    pods = [{k: v for k, v in p.items() if k not in ("trend", "ramTrend")} for p in status.get("pods", [])]
     subset = {
         "devices": status.get("devices"),
         "pods": pods,

@@ -43,7 +43,12 @@ COUNTED_IN: Mapping[str, str] = {
     HAMI_GPUMEM_PERCENTAGE: "a whole number of percent, without a unit",
     ALIYUN_GPU_MEM: "a whole number of GiB (MiB under --memory-unit=MiB), without a unit",
 }
-_WHOLE_NUMBER = re.compile(r"\d+(?:[eE]\+?\d+)?")  # a quantity without a suffix ("3000", "1e3")
+# A whole number as written ("3000", "1e3") or as the API server stores it: a
+# quantity's canonical form writes a plain 3000 as "3k" (the e2e test saw HAMi's
+# nvidia.com/gpumem: 3000 come back so). Only "k" is taken: a count of MiB or GiB
+# in the millions ("3M") is no real grant, and "8G" is far likelier 8 GiB with a
+# unit than eight billion GiB. Binary suffixes (Mi, Gi) and milli are units.
+_WHOLE_NUMBER = re.compile(r"\d+(?:[eE]\+?\d+|k)?")
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,13 @@ def test_the_same_values_without_a_unit_are_read_in_their_own_unit() -> None:
     assert events(gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"})) == []
 
 
+def test_a_whole_number_as_the_api_server_stores_it_is_read() -> None:
+    # the kube-apiserver canonicalises nvidia.com/gpumem: 3000 to "3k" (seen in the e2e test)
+    hami = implicit_budget(gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3k"}), TS, MergedPolicy("ml"))
+    assert hami is not None and hami.limits["perDevice"].bytes == 3000 * MI
+    assert events(gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3k"})) == []
+
+
 def test_the_pod_keeps_the_limits_it_has_from_other_sources() -> None:
     # gpumem with a unit is refused; the percentage HAMi also declares still applies
     raw = gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000Mi", "nvidia.com/gpumem-percentage": "25"})

@@ -164,6 +164,7 @@ def expected_status(pods: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "qosClass": pods[name]["status"]["qosClass"].lower(),
             "attribution": "Measured",
             "vramBytes": vram,
+            "vramSource": "NVML",  # NVML attributed it (dmem is the other source: docs/dmem.md)
             "ramWorkingSetBytes": ram,
             "oomKills": oom,
             "devices": devices,
@@ -233,11 +234,23 @@ def wait_for(predicate, timeout: float, what: str):
     pytest.fail(f"timed out waiting for {what}")
 
 
+UTILIZATION = ("gpuUtilizationPercent", "memoryUtilizationPercent", "smUtilizationPercent")
+
+
+def _no_utilization(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Device entries without GPU utilisation: NVML's samples depend on when they were read."""
+    return [{k: v for k, v in e.items() if k not in UTILIZATION} for e in entries]
+
+
 def comparable(status: dict[str, Any]) -> bytes:
-    """The measured part of a status as canonical JSON (trends, VRAM and RAM, depend on timing)."""
-    pods = [{k: v for k, v in p.items() if k not in ("trend", "ramTrend")} for p in status.get("pods", [])]
+    """The measured part of a status as canonical JSON (trends, VRAM and RAM, and
+    utilisation depend on timing)."""
+    pods = [
+        {k: (_no_utilization(v) if k == "devices" else v) for k, v in p.items() if k not in ("trend", "ramTrend")}
+        for p in status.get("pods", [])
+    ]
     subset = {
-        "devices": status.get("devices"),
+        "devices": _no_utilization(status.get("devices") or []),
         "pods": pods,
         "unattributed": status.get("unattributed", []),
         "truncated": status.get("truncated"),

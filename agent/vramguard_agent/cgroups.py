@@ -1,20 +1,8 @@
 """Attribution of a host process to its container and pod from ``/proc/<pid>/cgroup``.
 
-``/proc/<pid>/cgroup`` has one ``hierarchy-ID:controllers:path`` line per cgroup
-v1 hierarchy, the single line ``0::path`` on cgroup v2, and both on hybrid
-hosts. The kubelet names a pod's cgroup
-
-- ``pod<uid>`` under ``kubepods/[burstable|besteffort]/`` (cgroupfs driver), or
-- ``kubepods[-<qos>]-pod<uid with underscores>.slice`` (systemd driver),
-
-where Guaranteed pods have no QoS level and static pods carry their 32-hex
-config hash instead of the API uid. Under kind the kubelet's slices are
-prefixed ``kubelet-`` and nested under the node container. The container's
-cgroup below it is a bare 64-hex id (cgroupfs), ``cri-containerd-<id>.scope``,
-``crio-<id>[.scope]`` or ``docker-<id>.scope`` (systemd), or appended as
-``...pod<uid>.slice:cri-containerd:<id>`` (runc's systemd cgroupsPath form).
-Paths are relative to the reader's cgroup namespace and may start with ``/..``.
-The path parser itself is shared: :mod:`vramguard_api.cgroup_path`.
+The formats of ``/proc/<pid>/cgroup`` and of the kubelet's pod and container
+cgroups, and the path parser itself, are :mod:`vramguard_api.cgroup_path`'s (shared
+with the OOM classifier).
 """
 
 from __future__ import annotations

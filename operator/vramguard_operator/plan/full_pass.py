@@ -21,7 +21,7 @@ from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, HeldBudget, PodFacts
 from vramguard_operator.plan.entries import BudgetEntry, Versioned, has_vramguard_state
 from vramguard_operator.policy import groups as policy_groups
-from vramguard_operator.policy import plan as policy_plan
+from vramguard_operator.policy import inputs as policy_inputs
 from vramguard_operator.policy.dra import DRAConfig
 from vramguard_operator.policy.groups import NamespacePolicy, namespace_policies
 from vramguard_operator.policy.sharers import KAI_RESERVATION_NAMESPACE
@@ -146,7 +146,7 @@ class Group:
     namespaces: list[str]
     input: EngineInput
     current_status: dict[tuple[str, str], dict[str, Any] | None]
-    view: policy_plan.PolicyView | None = None  # ceilings and implicit budgets applied
+    view: policy_inputs.PolicyView | None = None  # ceilings and implicit budgets applied
 
 
 @dataclass(slots=True)
@@ -177,7 +177,7 @@ def plan(
     snap: Snapshot,
     now: datetime,
     config: EngineConfig,
-    memory: policy_plan.PolicyMemory | None = None,
+    memory: policy_inputs.PolicyMemory | None = None,
     dra: DRAConfig | None = None,
 ) -> Plan:
     """Build the engine inputs of one evaluation from a snapshot (``dra``: how
@@ -197,7 +197,7 @@ def plan(
         (e.value.namespace, e.value.name): HeldBudget(e.uid, C.REASON_INVALID_SPEC, e.value.error or "invalid spec")
         for e in invalid
     }
-    allocations = policy_plan.Allocations(
+    allocations = policy_inputs.Allocations(
         claims=snap.claims,
         slices=snap.slices,
         kai_reservations=snap.gpu_pods.get(KAI_RESERVATION_NAMESPACE, []),

@@ -49,7 +49,7 @@ from vramguard_operator.plan.entries import BudgetEntry, Versioned
 from vramguard_operator.plan.quiet import QuietAnswers
 from vramguard_operator.plan.timers import TimerQueue, next_step_due, staleness_change
 from vramguard_operator.policy import groups as policy_groups
-from vramguard_operator.policy import plan as policy_plan
+from vramguard_operator.policy import inputs as policy_inputs
 from vramguard_operator.policy.dra import DRAConfig
 from vramguard_operator.policy.groups import NamespacePolicy, namespace_policies
 from vramguard_operator.policy.implicit import IMPLICIT_UID_PREFIX, is_implicit
@@ -70,7 +70,7 @@ class Group:
     policy: NamespacePolicy
     namespaces: list[str]
     input: EngineInput
-    view: policy_plan.PolicyView
+    view: policy_inputs.PolicyView
     budget_keys: set[BudgetKey] = field(default_factory=set)
     pod_uids: set[str] = field(default_factory=set)
     far_nodes: set[str] = field(default_factory=set)  # judged with some of their pods only
@@ -110,7 +110,7 @@ class Incremental:
         self.period = timedelta(seconds=period)
         self.owned = owned
         self.rules = RuleCache()
-        self.memory = policy_plan.PolicyMemory()
+        self.memory = policy_inputs.PolicyMemory()
         self.timers = TimerQueue()
         self.quiet = QuietAnswers(cache, config, self._effective, self.merged_of, lambda ns: self.policy_of(ns).effective)
         self.coupling = Coupling(cache, config.freshness_seconds)
@@ -284,8 +284,8 @@ class Incremental:
         node_names = {f.node_name for f in facts if f.node_name}
         nodes = {n: nf for n in node_names if (nf := self._node_facts(n)) is not None}
         merged = {ns: self.merged_of(ns) for ns in namespaces}
-        allocations = policy_plan.Allocations(c.claims, list(c.slices.values()), c.kai_reservations(), self.dra)
-        view = policy_plan.prepare(budgets, facts, gpu_pods, nodes, merged, self.memory.implicit_status,
+        allocations = policy_inputs.Allocations(c.claims, list(c.slices.values()), c.kai_reservations(), self.dra)
+        view = policy_inputs.prepare(budgets, facts, gpu_pods, nodes, merged, self.memory.implicit_status,
                                    allocations, self.rules)
         reports = {n: r for n in node_names if (r := c.report(n)) is not None}
         policy = self.policy_of(namespaces[0])

@@ -20,9 +20,9 @@ from vramguard_api.budget import GPUMemoryBudget, GPUMemoryBudgetStatus
 from vramguard_api.policy import GPUMemoryPolicy
 from vramguard_api.usage import NodeGPUUsage
 from vramguard_operator.engine.types import EffectivePolicy, EngineConfig, EngineInput, HeldBudget, PodFacts
+from vramguard_operator.policy.inputs import Allocations, PolicyView, prepare
 from vramguard_operator.policy.merge import MergedPolicy, merge
 from vramguard_operator.policy.node import NodeFacts
-from vramguard_operator.policy.plan import Allocations, PolicyView, prepare
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 from vramguard_operator.policy.rules import RuleCache
 

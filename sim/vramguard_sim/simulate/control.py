@@ -49,8 +49,8 @@ from vramguard_operator.policy.groups import (
     node_facts,
 )
 from vramguard_operator.policy.implicit import IMPLICIT_UID_PREFIX, is_implicit
+from vramguard_operator.policy.inputs import PolicyMemory
 from vramguard_operator.policy.node import NodeFacts
-from vramguard_operator.policy.plan import PolicyMemory
 from vramguard_operator.policy.ratelimit import EvictionLimiter
 from vramguard_operator.policy.rules import RuleCache
 from vramguard_sim.simulate import limits as sim_limits

@@ -46,7 +46,7 @@ from vramguard_operator.plan.entries import (
 )
 from vramguard_operator.plan.incremental import Incremental
 from vramguard_operator.policy import groups as policy_groups
-from vramguard_operator.policy import plan as policy_plan
+from vramguard_operator.policy import inputs as policy_inputs
 from vramguard_operator.policy.groups import namespace_policies
 from vramguard_operator.policy.node import NodeFacts
 
@@ -126,7 +126,7 @@ class World:
             self._apply(res, view)
         return out
 
-    def _apply(self, out: EngineOutput, view: policy_plan.PolicyView) -> None:
+    def _apply(self, out: EngineOutput, view: policy_inputs.PolicyView) -> None:
         for upd in self.inc.memory.finish(out.statuses, view):
             key = (upd.budget.namespace, upd.budget.name)
             self.cache.set_status(key, upd.status, upd.status.to_api())
@@ -176,8 +176,8 @@ class World:
         self.cache.apply(Change("pods", uid, old, entry))
 
 
-def full_inputs(cache: ClusterCache, memory: policy_plan.PolicyMemory, config: EngineConfig,
-                now: datetime) -> list[tuple[policy_plan.PolicyView, EngineInput]]:
+def full_inputs(cache: ClusterCache, memory: policy_inputs.PolicyMemory, config: EngineConfig,
+                now: datetime) -> list[tuple[policy_inputs.PolicyView, EngineInput]]:
     """One engine input per effective policy over every namespace, by
     ``policy.groups.engine_groups`` (budgets that do not parse held alone,
     device-pressure rules and shares, nodes not believed), implicit budgets
@@ -199,7 +199,7 @@ def full_inputs(cache: ClusterCache, memory: policy_plan.PolicyMemory, config: E
             else:
                 budgets.setdefault(ns, []).append(b.model_copy(update={"status": cache.status_of((ns, name))}))
     entries = {ns: [cache.pods[u] for u in sorted(cache.pods_in_ns.get(ns, ()))] for ns in scope}
-    allocations = policy_plan.Allocations(cache.claims, list(cache.slices.values()), cache.kai_reservations())
+    allocations = policy_inputs.Allocations(cache.claims, list(cache.slices.values()), cache.kai_reservations())
     groups = policy_groups.engine_groups(
         scope, pols, budgets, {ns: [e.facts for e in es] for ns, es in entries.items()},
         {ns: [e.gpu for e in es if e.gpu] for ns, es in entries.items()}, nodes, merged, reports, now, config,

@@ -14,8 +14,8 @@ from vramguard_operator.engine.types import Annotate, EngineInput, PodFacts, War
 from vramguard_operator.policy.claim_budgets import CLAIM_LABEL_PREFIX
 from vramguard_operator.policy.grants import EVENT_ALLOCATED_DEVICE_MISSING, EVENT_MALFORMED_ALLOCATION
 from vramguard_operator.policy.implicit import ANNOTATION_LIMITS, IMPLICIT_LABEL, read_limits
+from vramguard_operator.policy.inputs import Allocations, PolicyMemory, PolicyView, prepare
 from vramguard_operator.policy.merge import MergedPolicy, merge
-from vramguard_operator.policy.plan import Allocations, PolicyMemory, PolicyView, prepare
 
 from .builders import GI, NOW, device, node, pod, policy
 from .dra_builders import claim, claim_pod, gpu, resource_slice, result

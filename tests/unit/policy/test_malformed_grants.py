@@ -15,9 +15,9 @@ import pytest
 from vramguard_operator.engine.types import PodFacts
 from vramguard_operator.policy.grants import EVENT_MALFORMED_ALLOCATION
 from vramguard_operator.policy.implicit import implicit_budget
+from vramguard_operator.policy.inputs import PolicyMemory, prepare
 from vramguard_operator.policy.merge import MergedPolicy
 from vramguard_operator.policy.node import NodeFacts
-from vramguard_operator.policy.plan import PolicyMemory, prepare
 from vramguard_operator.policy.sharers import sharer_grants
 
 from .builders import GI, MI, device, node, pod

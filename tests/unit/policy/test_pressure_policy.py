@@ -5,8 +5,8 @@ implicit budgets for pods no budget selects under a pressure rule."""
 from __future__ import annotations
 
 from vramguard_operator.engine.types import PodFacts, PressureRule
+from vramguard_operator.policy.inputs import prepare
 from vramguard_operator.policy.merge import merge
-from vramguard_operator.policy.plan import prepare
 from vramguard_operator.policy.pressure import device_shares, namespace_rule
 
 from .builders import GI, MI, device, node, pod, policy

@@ -10,8 +10,8 @@ from vramguard_operator.controller.kubeapi import merge_patch
 from vramguard_operator.engine.types import BudgetRef, BudgetStatusUpdate, PodFacts
 from vramguard_operator.plan.entries import gpu_pod_entry
 from vramguard_operator.policy.implicit import ANNOTATION_LIMITS, IMPLICIT_LABEL
+from vramguard_operator.policy.inputs import finish, limit_patches, prepare
 from vramguard_operator.policy.merge import merge
-from vramguard_operator.policy.plan import finish, limit_patches, prepare
 
 from .builders import GI, device, node, pod, policy
 
@@ -86,7 +86,7 @@ def test_limit_patches_for_implicit_pods_only() -> None:
 
 
 def test_memory_writes_each_limits_value_once_and_forgets_gone_pods() -> None:
-    from vramguard_operator.policy.plan import PolicyMemory
+    from vramguard_operator.policy.inputs import PolicyMemory
 
     budgets, pods, raw, merged = setup(policy("team", defaults={}))
     view = prepare(budgets, pods, raw, {"gpu-h100-ts": TS}, merged)
